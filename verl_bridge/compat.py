@@ -1,0 +1,78 @@
+"""Small, named shims over megatron-core version and device differences.
+
+Each shim says which megatron-core versions it is for and what it changes. Nothing here patches
+a library module globally: shims act on objects verl-bridge built, or choose an argument name.
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import lru_cache
+
+import torch
+
+
+@lru_cache(maxsize=None)
+def mcore_version() -> tuple[int, int, int]:
+    from importlib.metadata import version
+
+    parts = version("megatron-core").split(".")
+    nums = []
+    for p in parts[:3]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        nums.append(int(digits) if digits else 0)
+    while len(nums) < 3:
+        nums.append(0)
+    return tuple(nums)  # type: ignore[return-value]
+
+
+def _cpu_safe_rotary_class(base: type) -> type:
+    """RotaryEmbedding whose ``get_emb`` keeps ``inv_freq`` where the model is.
+
+    megatron-core 0.12-0.19 ``RotaryEmbedding.get_emb`` moves ``inv_freq`` to
+    ``torch.cuda.current_device()`` whenever it sits on the CPU, which raises on a CPU-only
+    machine. This subclass computes the same embedding without the move.
+    """
+
+    class CpuSafeRotaryEmbedding(base):  # type: ignore[misc, valid-type]
+        def get_emb(self, max_seq_len: int, offset: int = 0):
+            freqs = self.get_freqs_non_repeated(max_seq_len, offset)
+            if not self.rotary_interleaved:
+                emb = torch.cat((freqs, freqs), dim=-1)
+            else:
+                emb = torch.stack((freqs.view(-1, 1), freqs.view(-1, 1)), dim=-1).view(freqs.shape[0], -1)
+            return emb[:, None, None, :]
+
+    CpuSafeRotaryEmbedding.__name__ = f"CpuSafe{base.__name__}"
+    return CpuSafeRotaryEmbedding
+
+
+_ROTARY_CLASSES: dict[type, type] = {}
+
+
+def make_cpu_safe(model: torch.nn.Module) -> torch.nn.Module:
+    """Swap the class of rotary-embedding submodules of *model* for the CPU-safe subclass.
+
+    Only needed when CUDA is unavailable; a no-op otherwise. Acts on this model's modules only.
+    """
+    if torch.cuda.is_available():
+        return model
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    for module in model.modules():
+        cls = type(module)
+        if isinstance(module, RotaryEmbedding) and not cls.__name__.startswith("CpuSafe"):
+            if cls not in _ROTARY_CLASSES:
+                _ROTARY_CLASSES[cls] = _cpu_safe_rotary_class(cls)
+            module.__class__ = _ROTARY_CLASSES[cls]
+            module.forward.cache_clear() if hasattr(module.forward, "cache_clear") else None
+    return model
+
+
+def accepts(fn, name: str) -> bool:
+    """Whether callable *fn* takes a parameter called *name* (or **kwargs)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())

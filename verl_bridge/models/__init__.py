@@ -1,0 +1,1 @@
+"""Model construction: the portable layer spec, built-in presets, value heads."""

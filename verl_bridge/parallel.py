@@ -1,0 +1,122 @@
+"""Distributed setup in one place: process groups, device, seeding.
+
+Roles receive process groups from here; they never create them. Under ``torchrun`` the usual
+environment variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) are read; a
+plain ``python`` run is a world of one. The backend is gloo on CPU and NCCL on CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    world_size: int
+    rank: int
+    tp_size: int
+    pp_size: int
+    dp_size: int
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+    device: torch.device
+    sequence_parallel: bool = False
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pick_device() -> torch.device:
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_distributed(backend: str | None = None, timeout_s: int = 600) -> None:
+    """Initialise torch.distributed from the torchrun environment (or a world of one)."""
+    if dist.is_available() and dist.is_initialized():
+        return
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(free_port())
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    from datetime import timedelta
+
+    dist.init_process_group(
+        backend=backend,
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def init_model_parallel(tp_size: int, pp_size: int, sequence_parallel: bool = False) -> ParallelLayout:
+    """Initialise megatron-core's parallel_state (unless already done) and describe the layout."""
+    from megatron.core import parallel_state as mpu
+
+    init_distributed()
+    if not mpu.model_parallel_is_initialized():
+        mpu.initialize_model_parallel(
+            tensor_model_parallel_size=tp_size, pipeline_model_parallel_size=pp_size
+        )
+    return current_layout(sequence_parallel)
+
+
+def current_layout(sequence_parallel: bool = False) -> ParallelLayout:
+    from megatron.core import parallel_state as mpu
+
+    return ParallelLayout(
+        world_size=dist.get_world_size(),
+        rank=dist.get_rank(),
+        tp_size=mpu.get_tensor_model_parallel_world_size(),
+        pp_size=mpu.get_pipeline_model_parallel_world_size(),
+        dp_size=mpu.get_data_parallel_world_size(),
+        tp_rank=mpu.get_tensor_model_parallel_rank(),
+        pp_rank=mpu.get_pipeline_model_parallel_rank(),
+        dp_rank=mpu.get_data_parallel_rank(),
+        device=pick_device(),
+        sequence_parallel=sequence_parallel,
+    )
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, torch (CPU) and, when CUDA exists, megatron's CUDA RNG tracker."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def destroy() -> None:
+    from megatron.core import parallel_state as mpu
+
+    if mpu.model_parallel_is_initialized():
+        mpu.destroy_model_parallel()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
