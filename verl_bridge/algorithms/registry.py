@@ -87,4 +87,4 @@ def register_kl(name: str) -> Callable[[F], F]:
 
 def needs_critic(name: str) -> bool:
     """True when the advantage estimator ``name`` needs a critic (value model): only ``"gae"``."""
-    return name in _CRITIC_ESTIMATORS
+    return name in ADVANTAGE_ESTIMATORS and name in _CRITIC_ESTIMATORS
