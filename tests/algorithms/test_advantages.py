@@ -108,8 +108,11 @@ def test_grpo_falls_back_to_summed_token_rewards():
 def test_group_size_not_dividing_batch_is_a_clear_error(fn):
     with pytest.raises(ValueError, match=r"batch of 5 rows is not divisible by group_size=2"):
         fn(torch.ones(5), torch.ones(5, 3), group_size=2)
-    with pytest.raises(ValueError, match="positive integer"):
-        fn(torch.ones(4), torch.ones(4, 3), group_size=0)
+    for bad in (0, None, 2.5):
+        with pytest.raises(ValueError, match="positive integer"):
+            fn(torch.ones(4), torch.ones(4, 3), group_size=bad)
+    adv, _ = fn(torch.tensor([0.0, 1.0]), torch.ones(2, 1), group_size=torch.tensor(2))  # any integral type
+    assert adv[0, 0] < 0 < adv[1, 0]
 
 
 def test_rloo_leave_one_out_by_hand():

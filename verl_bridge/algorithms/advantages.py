@@ -20,6 +20,8 @@ Whether to whiten GAE advantages is the trainer's choice (``algorithm.whiten_adv
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from verl_bridge.algorithms.core import masked_sum, masked_whiten, scores_to_token_rewards
@@ -44,8 +46,8 @@ def _token_rewards(token_rewards, scores, mask) -> torch.Tensor:
     return token_rewards
 
 
-def _grouped_scores(scores, token_rewards, mask, group_size) -> torch.Tensor:
-    """Scores as ``[n_groups, group_size]`` (contiguous rows form one group), validated."""
+def _grouped_scores(scores, token_rewards, mask, group_size) -> tuple[torch.Tensor, int]:
+    """Scores as ``[n_groups, group_size]`` (contiguous rows form one group), and ``group_size`` as an int."""
     if scores is None:
         if token_rewards is None:
             raise ValueError("this estimator needs scores [B] (or token_rewards [B, T]); both are None")
@@ -54,7 +56,11 @@ def _grouped_scores(scores, token_rewards, mask, group_size) -> torch.Tensor:
         raise ValueError(
             f"scores must be [B] with B = mask rows = {mask.shape[0]}, got shape {tuple(scores.shape)}"
         )
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+    try:
+        group_size = operator.index(group_size)
+    except TypeError:
+        raise ValueError(f"group_size must be a positive integer, got {group_size!r}") from None
+    if group_size < 1:
         raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
     batch = scores.shape[0]
     if batch % group_size:
@@ -64,7 +70,7 @@ def _grouped_scores(scores, token_rewards, mask, group_size) -> torch.Tensor:
             f"B = n_prompts * group_size with each prompt's responses in contiguous rows"
         )
     scores = scores if scores.is_floating_point() else scores.float()
-    return scores.reshape(batch // group_size, group_size)
+    return scores.reshape(batch // group_size, group_size), group_size
 
 
 @register_advantage("gae", needs_critic=True)
@@ -110,7 +116,7 @@ def compute_grpo(scores, mask, group_size: int, norm_by_std: bool = True, eps: f
     response tokens (times ``mask``); returns equal advantages. A group of identical scores gets
     advantage 0. ``group_size=1`` follows verl: mean 0, std 1, so ``A_i = s_i``.
     """
-    grouped = _grouped_scores(scores, token_rewards, mask, group_size)
+    grouped, group_size = _grouped_scores(scores, token_rewards, mask, group_size)
     if group_size == 1:
         adv = grouped.reshape(-1)
     else:
@@ -132,7 +138,7 @@ def compute_rloo(scores, mask, group_size: int, token_rewards=None, **_):
     the response tokens (times ``mask``); returns equal advantages. ``group_size=1`` has no other
     response to compare with and follows verl: ``A_i = s_i``.
     """
-    grouped = _grouped_scores(scores, token_rewards, mask, group_size)
+    grouped, group_size = _grouped_scores(scores, token_rewards, mask, group_size)
     if group_size == 1:
         adv = grouped.reshape(-1)
     else:
