@@ -1,0 +1,332 @@
+"""Pure tensor conversion between HF names and megatron-core GPTModel names, and TP/PP sharding.
+
+Pipeline for one tensor (no process groups anywhere here):
+HF tensors --hf_to_mcore--> full (TP-merged, global layer index) megatron tensor
+--shard_for_tp--> TP shard --(PP: global -> local layer index)--> rank state dict, and back with
+merge_tp / mcore_to_hf.
+
+``config`` in these functions is a :class:`ModelDims` (what conversion needs to know) or
+anything :func:`dims_of` understands (a megatron ``TransformerConfig``, a dict). Vocabulary
+padding: megatron pads the vocabulary (``word_embeddings`` and ``output_layer`` rows) to
+``padded_vocab_size``; import pads with zero rows, export drops them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from typing import Mapping, MutableMapping, Optional
+
+import torch
+
+from verl_bridge.arch.fused import FUSED_PARTS, fuse_gate_up, fuse_qkv, split_gate_up, split_qkv
+from verl_bridge.arch.registry import ArchSpec, get_arch
+
+VOCAB_PARAMS = ("embedding.word_embeddings.weight", "output_layer.weight")
+POSITION_PARAM = "embedding.position_embeddings.weight"
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    head_dim: int
+    ffn_hidden_size: int
+    gated_linear_unit: bool
+    vocab_size: Optional[int] = None  # the HF (unpadded) vocabulary
+    padded_vocab_size: Optional[int] = None
+    tie_embeddings: bool = False
+
+
+def padded_vocab_size(vocab_size: int, tp_size: int = 1, divisible_by: int = 128) -> int:
+    """Megatron-LM's ``_vocab_size_with_padding``: round up to ``divisible_by * tp_size``."""
+    multiple = divisible_by * tp_size
+    return ((vocab_size + multiple - 1) // multiple) * multiple
+
+
+def dims_of(config) -> ModelDims:
+    if isinstance(config, ModelDims):
+        return config
+    if isinstance(config, Mapping):
+        names = {f.name for f in fields(ModelDims)}
+        return ModelDims(**{k: v for k, v in config.items() if k in names})
+    heads = config.num_attention_heads
+    return ModelDims(
+        num_layers=config.num_layers,
+        hidden_size=config.hidden_size,
+        num_attention_heads=heads,
+        num_query_groups=config.num_query_groups or heads,
+        head_dim=config.kv_channels or config.hidden_size // heads,
+        ffn_hidden_size=config.ffn_hidden_size,
+        gated_linear_unit=bool(config.gated_linear_unit),
+        vocab_size=getattr(config, "vocab_size", None),
+        padded_vocab_size=getattr(config, "padded_vocab_size", None),
+        tie_embeddings=bool(getattr(config, "share_embeddings_and_output_weights", False)),
+    )
+
+
+def _template_regex(template: str) -> re.Pattern:
+    return re.compile("^" + re.escape(template).replace(r"\{\}", r"(\d+)") + "$")
+
+
+_TABLES: dict[int, tuple] = {}
+
+
+def _tables(spec: ArchSpec):
+    """(mcore template -> [(part or None, hf template)], compiled regexes for both sides)."""
+    cached = _TABLES.get(id(spec))
+    if cached is not None and cached[0] is spec:
+        return cached[1]
+    to_hf: dict[str, list] = {}
+    for hf_t, target in spec.from_hf.items():
+        if target is None:
+            continue
+        mc_t, part = (target, None) if isinstance(target, str) else target
+        to_hf.setdefault(mc_t, []).append((part, hf_t))
+    for mc_t, parts in to_hf.items():
+        leaf = mc_t.split(".")[-2]
+        if len(parts) > 1 or parts[0][0] is not None:
+            order = FUSED_PARTS.get(leaf)
+            if order is None or sorted(p for p, _ in parts) != sorted(order):
+                raise ValueError(f"architecture {spec.name}: bad fused entry for {mc_t}: {parts}")
+            parts.sort(key=lambda ph: order.index(ph[0]))
+    mc_rx = [(_template_regex(t), t) for t in to_hf]
+    hf_rx = [(_template_regex(t), t) for t in spec.from_hf]
+    _TABLES[id(spec)] = (spec, (to_hf, mc_rx, hf_rx))
+    return to_hf, mc_rx, hf_rx
+
+
+def _match(rx_list, name: str):
+    for rx, template in rx_list:
+        m = rx.match(name)
+        if m:
+            return template, (m.group(1) if m.groups() else None)
+    return None, None
+
+
+def _fill(template: str, layer: Optional[str]) -> str:
+    return template.replace("{}", layer) if layer is not None else template
+
+
+def hf_sources(name: str, arch_spec, config=None) -> list[str]:
+    """HF tensor names needed to build megatron tensor *name* (global layer index)."""
+    spec = get_arch(arch_spec)
+    to_hf, mc_rx, _ = _tables(spec)
+    template, layer = _match(mc_rx, name)
+    if template is None:
+        raise ValueError(f"unknown parameter {name}")
+    return [_fill(hf_t, layer) for _, hf_t in to_hf[template]]
+
+
+def is_dropped_hf(name: str, arch_spec) -> bool:
+    """Whether the HF tensor *name* is one the spec drops (maps to None)."""
+    _, _, hf_rx = _tables(get_arch(arch_spec))
+    template, _ = _match(hf_rx, name)
+    return template is not None and get_arch(arch_spec).from_hf[template] is None
+
+
+def _pad_rows(t: torch.Tensor, rows: Optional[int]) -> torch.Tensor:
+    if rows is None or t.shape[0] == rows:
+        return t
+    if t.shape[0] > rows:
+        raise ValueError(f"vocabulary of {t.shape[0]} rows does not fit padded size {rows}")
+    pad = torch.zeros((rows - t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype)
+    return torch.cat([t, pad], dim=0)
+
+
+def hf_to_mcore(
+    name: str,
+    hf_tensors: Mapping[str, torch.Tensor],
+    arch_spec,
+    config,
+    *,
+    extras: Optional[MutableMapping[str, torch.Tensor]] = None,
+) -> torch.Tensor:
+    """Full megatron tensor *name* from the HF tensors it is made of (see :func:`hf_sources`).
+
+    *extras*, when given, receives HF data that has no place in megatron (OPT's 2 leading
+    position rows) so that an export can reproduce the HF file bit for bit.
+    """
+    spec = get_arch(arch_spec)
+    dims = dims_of(config)
+    to_hf, mc_rx, _ = _tables(spec)
+    template, layer = _match(mc_rx, name)
+    if template is None:
+        raise ValueError(f"unknown parameter {name}")
+    parts = to_hf[template]
+    srcs = [_fill(hf_t, layer) for _, hf_t in parts]
+    missing = [s for s in srcs if s not in hf_tensors]
+    if missing:
+        raise KeyError(f"HF tensors {missing} needed for {name} are missing")
+    tensors = [hf_tensors[s] for s in srcs]
+    leaf = template.split(".")[-2]
+    if len(parts) == 1 and parts[0][0] is None:
+        out = tensors[0]
+    elif leaf == "linear_qkv":
+        out = fuse_qkv(*tensors, dims.num_attention_heads, dims.num_query_groups)
+    elif leaf == "linear_fc1":
+        out = fuse_gate_up(*tensors)
+    else:  # pragma: no cover - _tables validates fused entries
+        raise ValueError(f"unknown parameter {name}")
+    if name in VOCAB_PARAMS:
+        out = _pad_rows(out, dims.padded_vocab_size)
+    if name == POSITION_PARAM and spec.position_offset:
+        if extras is not None:
+            extras[srcs[0]] = out[: spec.position_offset].clone()
+        out = out[spec.position_offset :]
+    return out.contiguous()
+
+
+def mcore_to_hf(
+    name: str,
+    tensor: torch.Tensor,
+    arch_spec,
+    config,
+    *,
+    extras: Optional[Mapping[str, torch.Tensor]] = None,
+) -> list[tuple[str, torch.Tensor]]:
+    """HF-named tensors from one FULL (TP-merged, global layer index) megatron tensor.
+
+    ``_extra_state`` entries give ``[]``; so does ``output_layer.weight`` of a tied model (HF
+    ties ``lm_head`` to the embeddings). Anything the spec does not know raises
+    ``ValueError(f"unknown parameter {name}")``.
+    """
+    spec = get_arch(arch_spec)
+    dims = dims_of(config)
+    if name.endswith("._extra_state"):
+        return []
+    if name == "output_layer.weight" and dims.tie_embeddings:
+        return []
+    to_hf, mc_rx, _ = _tables(spec)
+    template, layer = _match(mc_rx, name)
+    if template is None:
+        raise ValueError(f"unknown parameter {name}")
+    parts = to_hf[template]
+    hf_names = [_fill(hf_t, layer) for _, hf_t in parts]
+    if name in VOCAB_PARAMS and dims.vocab_size is not None:
+        tensor = tensor[: dims.vocab_size]
+    if name == POSITION_PARAM and spec.position_offset:
+        lead = (extras or {}).get(hf_names[0])
+        if lead is None:
+            lead = torch.zeros((spec.position_offset,) + tuple(tensor.shape[1:]), dtype=tensor.dtype)
+        tensor = torch.cat([lead.to(tensor.dtype), tensor], dim=0)
+    leaf = template.split(".")[-2]
+    if len(parts) == 1 and parts[0][0] is None:
+        outs = [tensor]
+    elif leaf == "linear_qkv":
+        outs = list(split_qkv(tensor, dims.num_attention_heads, dims.num_query_groups))
+    else:
+        outs = list(split_gate_up(tensor))
+    return [(n, t.contiguous()) for n, t in zip(hf_names, outs)]
+
+
+def mcore_names(arch_spec, config) -> list[str]:
+    """Every megatron parameter name (global layer index) of the full model, in a fixed order."""
+    spec = get_arch(arch_spec)
+    dims = dims_of(config)
+    to_hf, _, _ = _tables(spec)
+    names = []
+    for template in to_hf:
+        if template == "output_layer.weight" and dims.tie_embeddings:
+            continue
+        if "{}" in template:
+            names += [template.replace("{}", str(i)) for i in range(dims.num_layers)]
+        else:
+            names.append(template)
+    return names
+
+
+# ---- tensor parallelism -------------------------------------------------------------------
+
+_COLUMN = ("linear_qkv.weight", "linear_qkv.bias", "linear_fc1.weight", "linear_fc1.bias",
+           "embedding.word_embeddings.weight", "output_layer.weight")
+_ROW = ("linear_proj.weight", "linear_fc2.weight")
+
+
+def tp_split_dim(name: str) -> Optional[int]:
+    """0 for column-parallel tensors, 1 for row-parallel weights, None for replicated ones."""
+    if name.endswith(_COLUMN):
+        return 0
+    if name.endswith(_ROW):
+        return 1
+    return None
+
+
+def _gated(name: str, config) -> bool:
+    if not name.endswith(("linear_fc1.weight", "linear_fc1.bias")):
+        return False
+    return bool(dims_of(config).gated_linear_unit) if config is not None else False
+
+
+def shard_for_tp(name: str, full_tensor: torch.Tensor, tp_size: int, tp_rank: int, config=None) -> torch.Tensor:
+    """This TP rank's shard of a full megatron tensor (gated fc1: ``[gate_i; up_i]``)."""
+    if tp_size == 1:
+        return full_tensor
+    dim = tp_split_dim(name)
+    if dim is None:
+        return full_tensor
+    if full_tensor.shape[dim] % tp_size:
+        raise ValueError(f"{name}: dimension {dim} of size {full_tensor.shape[dim]} does not divide by TP={tp_size}")
+    if _gated(name, config):
+        gate, up = split_gate_up(full_tensor)
+        return torch.cat([gate.chunk(tp_size, 0)[tp_rank], up.chunk(tp_size, 0)[tp_rank]], 0).contiguous()
+    return full_tensor.chunk(tp_size, dim)[tp_rank].contiguous()
+
+
+def merge_tp(name: str, shards: list[torch.Tensor], config=None) -> torch.Tensor:
+    """Inverse of :func:`shard_for_tp`; replicated tensors return the first shard."""
+    if len(shards) == 1:
+        return shards[0]
+    dim = tp_split_dim(name)
+    if dim is None:
+        return shards[0]
+    if _gated(name, config):
+        halves = [split_gate_up(s) for s in shards]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], 0).contiguous()
+    return torch.cat(shards, dim).contiguous()
+
+
+# ---- pipeline parallelism -----------------------------------------------------------------
+
+_LAYER_RX = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
+
+
+def pp_layer_range(num_layers: int, pp_size: int, pp_rank: int) -> range:
+    """Layers of stage *pp_rank* with an even split (megatron's default layout)."""
+    if num_layers % pp_size:
+        raise ValueError(f"num_layers={num_layers} does not divide by PP={pp_size}")
+    per = num_layers // pp_size
+    return range(pp_rank * per, (pp_rank + 1) * per)
+
+
+def stage_names(full_names: list[str], num_layers: int, pp_size: int, pp_rank: int, tie: bool) -> dict[str, str]:
+    """Global name -> local name of the tensors stage *pp_rank* holds.
+
+    First stage: embeddings. Last stage: final norm and output layer; with tied embeddings and
+    PP > 1 the last stage holds a copy of the word embeddings as ``output_layer.weight``
+    (key ``"output_layer.weight"`` maps from the global embedding name then).
+    """
+    layers = pp_layer_range(num_layers, pp_size, pp_rank)
+    first, last = pp_rank == 0, pp_rank == pp_size - 1
+    out: dict[str, str] = {}
+    for g in full_names:
+        m = _LAYER_RX.match(g)
+        if m:
+            i = int(m.group(1))
+            if i in layers:
+                out[g] = f"decoder.layers.{i - layers.start}.{m.group(2)}"
+        elif g.startswith("embedding."):
+            if first:
+                out[g] = g
+        elif last:
+            out[g] = g
+    return out
+
+
+def to_global_name(local: str, layer_offset: int) -> str:
+    m = _LAYER_RX.match(local)
+    if not m:
+        return local
+    return f"decoder.layers.{int(m.group(1)) + layer_offset}.{m.group(2)}"

@@ -1,0 +1,238 @@
+"""Hugging Face side: config translation, safetensors reading/writing, model provider, weight loading.
+
+``hf_to_mcore_config`` turns a local HF directory (or config) into megatron-core
+``TransformerConfig`` kwargs and ``GPTModel`` kwargs (padded vocabulary, positions, RoPE base,
+tied embeddings, the portable SDPA layer spec). ``load_hf_weights`` fills the current rank's
+TP/PP shard of a built ``GPTModel`` straight from the safetensors files (lazily, one tensor at a
+time); ``hf_model_provider`` builds and loads in one call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Optional
+
+import torch
+
+from verl_bridge.arch.convert import (
+    ModelDims,
+    hf_to_mcore,
+    padded_vocab_size,
+    shard_for_tp,
+    to_global_name,
+)
+from verl_bridge.arch.registry import ArchSpec, get_arch
+
+# TransformerConfig flags that keep megatron-core's local spec off CUDA-only fused paths.
+PORTABLE_FLAGS = dict(
+    use_cpu_initialization=True,
+    bias_dropout_fusion=False,
+    masked_softmax_fusion=False,
+    gradient_accumulation_fusion=False,
+    persist_layer_norm=False,
+    apply_rope_fusion=False,
+    bias_activation_fusion=False,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+)
+
+
+def load_hf_config(hf_dir_or_config) -> Any:
+    """A ``transformers`` config from a local directory, a config.json dict, or a config object."""
+    if isinstance(hf_dir_or_config, (str, os.PathLike)):
+        path = Path(hf_dir_or_config)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(str(path), local_files_only=True)
+    if isinstance(hf_dir_or_config, Mapping):
+        from transformers import AutoConfig
+
+        d = dict(hf_dir_or_config)
+        return AutoConfig.for_model(d.pop("model_type"), **d)
+    return hf_dir_or_config
+
+
+def arch_of_hf(hf) -> ArchSpec:
+    names = list(getattr(hf, "architectures", None) or []) + [getattr(hf, "model_type", "")]
+    for n in names:
+        try:
+            return get_arch(n)
+        except ValueError:
+            continue
+    raise ValueError(f"no registered architecture for HF architectures={names}")
+
+
+def _current_tp() -> tuple[int, int]:
+    try:
+        from megatron.core import parallel_state as mpu
+
+        if mpu.model_parallel_is_initialized():
+            return mpu.get_tensor_model_parallel_world_size(), mpu.get_tensor_model_parallel_rank()
+    except Exception:  # noqa: BLE001 - no megatron state: a world of one
+        pass
+    return 1, 0
+
+
+def hf_to_mcore_config(
+    hf_dir_or_config, *, tp_size: Optional[int] = None, make_vocab_size_divisible_by: int = 128
+) -> tuple[dict, dict, str]:
+    """(TransformerConfig kwargs, GPTModel kwargs, architecture name) for an HF model.
+
+    GPTModel kwargs: ``vocab_size`` (padded to ``make_vocab_size_divisible_by * tp_size`` as
+    Megatron-LM does), ``max_sequence_length``, ``position_embedding_type``, ``rotary_base``,
+    ``share_embeddings_and_output_weights`` and ``transformer_layer_spec`` (portable SDPA spec).
+    ``tp_size`` defaults to megatron's current TP size (1 without parallel state).
+    TransformerConfig kwargs include :data:`PORTABLE_FLAGS`; override them freely on GPU.
+    """
+    from verl_bridge.models.spec import get_portable_gpt_layer_spec
+
+    hf = load_hf_config(hf_dir_or_config)
+    spec = arch_of_hf(hf)
+    tf, gpt = spec.mcore_config(hf)
+    tf = {**PORTABLE_FLAGS, **tf}
+    if tp_size is None:
+        tp_size = _current_tp()[0]
+    gpt = dict(gpt)
+    gpt["vocab_size"] = padded_vocab_size(hf.vocab_size, tp_size, make_vocab_size_divisible_by)
+    gpt["transformer_layer_spec"] = get_portable_gpt_layer_spec(tf["normalization"])
+    return tf, gpt, spec.name
+
+
+def dims_from_hf(hf_dir_or_config, padded: Optional[int] = None) -> ModelDims:
+    hf = load_hf_config(hf_dir_or_config)
+    tf, gpt = arch_of_hf(hf).mcore_config(hf)
+    return ModelDims(
+        num_layers=tf["num_layers"],
+        hidden_size=tf["hidden_size"],
+        num_attention_heads=tf["num_attention_heads"],
+        num_query_groups=tf["num_query_groups"],
+        head_dim=tf["kv_channels"],
+        ffn_hidden_size=tf["ffn_hidden_size"],
+        gated_linear_unit=tf["gated_linear_unit"],
+        vocab_size=hf.vocab_size,
+        padded_vocab_size=padded if padded is not None else hf.vocab_size,
+        tie_embeddings=gpt["share_embeddings_and_output_weights"],
+    )
+
+
+class SafetensorsDir(Mapping):
+    """Read-only, lazy ``name -> tensor`` view of an HF safetensors directory (sharded or not)."""
+
+    def __init__(self, hf_dir):
+        from safetensors import safe_open
+
+        self.dir = Path(hf_dir)
+        index = self.dir / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+        else:
+            files = sorted(p.name for p in self.dir.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(
+                f"no *.safetensors files in {self.dir}; convert .bin weights with "
+                "`transformers` (save_pretrained(safe_serialization=True)) first"
+            )
+        self._handles = {f: safe_open(str(self.dir / f), framework="pt") for f in files}
+        self._where = {k: f for f, h in self._handles.items() for k in h.keys()}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._where:
+            raise KeyError(name)
+        return self._handles[self._where[name]].get_tensor(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+def save_safetensors_dir(tensors: Mapping[str, torch.Tensor], config: dict, out_dir) -> None:
+    """Write ``model.safetensors`` + ``config.json`` (HF layout) into *out_dir*."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def load_hf_weights(model, hf_dir) -> None:
+    """Copy this rank's TP/PP shard of the HF weights in *hf_dir* into a built ``GPTModel``.
+
+    TP rank/size come from megatron's parallel state (1/0 without it); the PP stage is read off
+    the model itself (its first layer's global ``layer_number`` and pre/post_process), so a
+    model built for any stage loads the right layers. Raises on any shape mismatch or missing
+    tensor rather than leaving a parameter at its random init.
+    """
+    hf = load_hf_config(hf_dir)
+    spec = arch_of_hf(hf)
+    tp_size, tp_rank = _current_tp()
+    padded = getattr(model, "vocab_size", None) or hf.vocab_size
+    dims = dims_from_hf(hf, padded)
+    layers = getattr(getattr(model, "decoder", None), "layers", None)
+    offset = (layers[0].layer_number - 1) if layers is not None and len(layers) else 0
+    reader = SafetensorsDir(hf_dir)
+    tie = bool(getattr(model, "share_embeddings_and_output_weights", False))
+    extras: dict = {}
+    with torch.no_grad():
+        for local, tensor in model.state_dict(keep_vars=True).items():
+            if local.endswith("._extra_state") or tensor is None:
+                continue
+            name = to_global_name(local, offset)
+            if name == "output_layer.weight" and tie:
+                name = "embedding.word_embeddings.weight"  # last-stage copy of the tied embeddings
+            full = hf_to_mcore(name, reader, spec, dims, extras=extras)
+            shard = shard_for_tp(name, full, tp_size, tp_rank, dims)
+            if tuple(shard.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"{local}: HF weights give shape {tuple(shard.shape)} for TP rank {tp_rank}/{tp_size}, "
+                    f"model has {tuple(tensor.shape)}"
+                )
+            tensor.copy_(shard.to(tensor.dtype))
+
+
+def build_gpt_model(tf_kwargs: dict, gpt_kwargs: dict, *, pre_process: bool = True, post_process: bool = True,
+                    **overrides):
+    """A megatron-core ``GPTModel`` from the two kwarg dicts, TP/PP sizes from parallel state."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from verl_bridge.compat import make_cpu_safe
+
+    tp, pp = 1, 1
+    try:
+        from megatron.core import parallel_state as mpu
+
+        if mpu.model_parallel_is_initialized():
+            tp = mpu.get_tensor_model_parallel_world_size()
+            pp = mpu.get_pipeline_model_parallel_world_size()
+    except Exception:  # noqa: BLE001
+        pass
+    tf = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, **tf_kwargs, **overrides}
+    config = TransformerConfig(**tf)
+    model = GPTModel(config=config, pre_process=pre_process, post_process=post_process, **gpt_kwargs)
+    return make_cpu_safe(model)
+
+
+def hf_model_provider(hf_dir, *, load_weights: bool = True, **config_overrides) -> Callable:
+    """``model_provider(pre_process=True, post_process=True)`` building a GPTModel for *hf_dir*.
+
+    With ``load_weights`` (default) the model is initialised from the HF weights of this rank's
+    TP/PP shard; ``config_overrides`` go to ``TransformerConfig`` (e.g. ``params_dtype``).
+    """
+
+    def model_provider(pre_process: bool = True, post_process: bool = True, **_ignored):
+        tf, gpt, _ = hf_to_mcore_config(hf_dir)
+        model = build_gpt_model(tf, gpt, pre_process=pre_process, post_process=post_process, **config_overrides)
+        if load_weights:
+            load_hf_weights(model, hf_dir)
+        return model
+
+    return model_provider

@@ -1,0 +1,165 @@
+"""Architecture registry: declarative HF <-> megatron-core name maps, one spec per architecture.
+
+An :class:`ArchSpec` is data. ``from_hf`` maps a Hugging Face parameter name template to a
+megatron-core ``GPTModel`` name template (``{}`` is the layer index, torchtitan style):
+
+* ``"hf.name": "mcore.name"``              one tensor to one tensor,
+* ``"hf.name": ("mcore.name", "q")``       one part of a fused megatron tensor (``q``/``k``/``v`` of
+  ``linear_qkv``, ``gate``/``up`` of a gated ``linear_fc1``); the fusion itself is code
+  (:mod:`verl_bridge.arch.fused`),
+* ``"hf.name": None``                      an HF tensor megatron has no use for (dropped).
+
+Register a custom architecture in a few lines::
+
+    from verl_bridge.arch import ArchSpec, register_architecture
+    from verl_bridge.arch.llama import LLAMA
+    register_architecture("my_llama", dataclasses.replace(
+        LLAMA, name="my_llama", hf_architectures=("MyLlamaForCausalLM",), hf_model_type="my_llama"))
+
+Detection (:func:`detect_architecture`) compares a megatron ``TransformerConfig`` (and the
+model's structure) with each spec's ``features``; custom registrations are tried first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Union
+
+HFTarget = Union[str, tuple[str, str], None]
+
+
+@dataclass(frozen=True, eq=False)
+class ArchSpec:
+    name: str
+    hf_architectures: tuple[str, ...]
+    hf_model_type: str
+    from_hf: Mapping[str, HFTarget]
+    # what detect_architecture compares: normalization, gated_linear_unit, add_qkv_bias,
+    # add_bias_linear, position_embedding_type, and optionally rotary_base.
+    features: Mapping[str, Any] = field(default_factory=dict)
+    # rows at the start of the HF learned position table that megatron does not have (OPT: 2)
+    position_offset: int = 0
+    # hf PretrainedConfig -> (TransformerConfig kwargs, GPTModel kwargs); see hf_config.py
+    mcore_config: Optional[Callable[[Any], tuple[dict, dict]]] = None
+    # description dict (see hf_config.describe) -> HF config.json dict
+    hf_config: Optional[Callable[[dict], dict]] = None
+
+
+_REGISTRY: dict[str, ArchSpec] = {}
+_BUILTINS = ("qwen2", "mistral", "llama", "opt")  # detection order: most specific first
+
+
+def _load_builtins() -> None:
+    if all(n in _REGISTRY for n in _BUILTINS):
+        return
+    from verl_bridge.arch import llama, mistral, opt, qwen2
+
+    for spec in (qwen2.QWEN2, mistral.MISTRAL, llama.LLAMA, opt.OPT):
+        _REGISTRY.setdefault(spec.name, spec)
+
+
+def register_architecture(name: str, spec: ArchSpec) -> ArchSpec:
+    """Register (or replace) the architecture *name*. Returns the stored spec."""
+    if not isinstance(spec, ArchSpec):
+        raise TypeError(f"register_architecture({name!r}, ...) needs an ArchSpec, got {type(spec).__name__}")
+    if spec.name != name:
+        from dataclasses import replace
+
+        spec = replace(spec, name=name)
+    _load_builtins()
+    _REGISTRY[name] = spec
+    return spec
+
+
+def get_arch(name_or_spec: Union[str, ArchSpec]) -> ArchSpec:
+    if isinstance(name_or_spec, ArchSpec):
+        return name_or_spec
+    _load_builtins()
+    if name_or_spec in _REGISTRY:
+        return _REGISTRY[name_or_spec]
+    for spec in _REGISTRY.values():
+        if name_or_spec in spec.hf_architectures or name_or_spec == spec.hf_model_type:
+            return spec
+    raise ValueError(
+        f"unknown architecture {name_or_spec!r}; known: {', '.join(sorted(_REGISTRY))} "
+        "(register a new one with verl_bridge.arch.register_architecture)"
+    )
+
+
+def all_archs() -> list[ArchSpec]:
+    """Custom registrations first (most recent first), then the built-ins."""
+    _load_builtins()
+    custom = [s for n, s in _REGISTRY.items() if n not in _BUILTINS]
+    return list(reversed(custom)) + [_REGISTRY[n] for n in _BUILTINS]
+
+
+def _features_of(obj) -> dict:
+    """Detection features from a GPTModel, a TransformerConfig, or an HF config."""
+    model = None
+    if hasattr(obj, "config") and hasattr(obj, "modules") and hasattr(obj, "decoder"):
+        model, config = obj, obj.config
+    else:
+        config = obj
+    feats = {
+        "normalization": getattr(config, "normalization", None),
+        "gated_linear_unit": getattr(config, "gated_linear_unit", None),
+        "add_qkv_bias": getattr(config, "add_qkv_bias", None),
+        "add_bias_linear": getattr(config, "add_bias_linear", None),
+        "num_query_groups": getattr(config, "num_query_groups", None),
+    }
+    if model is not None:
+        feats["position_embedding_type"] = getattr(model, "position_embedding_type", None)
+        feats["share_embeddings_and_output_weights"] = getattr(model, "share_embeddings_and_output_weights", None)
+        rotary = getattr(model, "rotary_pos_emb", None)
+        if rotary is not None and hasattr(rotary, "inv_freq"):
+            inv = rotary.inv_freq
+            # inv_freq[1] = base ** (-2 / dim)  ->  base
+            if inv.numel() > 1:
+                dim = 2 * inv.numel()
+                feats["rotary_base"] = float(round(float(inv[1].double() ** (-dim / 2.0))))
+    for key in ("position_embedding_type", "rotary_base", "share_embeddings_and_output_weights"):
+        if feats.get(key) is None and getattr(config, key, None) is not None:
+            feats[key] = getattr(config, key)
+    return feats
+
+
+def detect_architecture(model_or_config) -> str:
+    """Name of the registered architecture that a model / TransformerConfig / HF config matches.
+
+    An HF config (it has ``architectures`` or ``model_type``) is looked up by name. A megatron
+    model or config is matched on ``normalization``, ``gated_linear_unit``, ``add_qkv_bias``,
+    ``add_bias_linear``, ``position_embedding_type`` and, where a spec lists it, ``rotary_base``.
+    Llama and Mistral share one weight layout; Mistral is chosen only when ``rotary_base`` is
+    1e6 (Mistral v0.2+), otherwise Llama (the exported weights are identical either way).
+    """
+    archs = getattr(model_or_config, "architectures", None)
+    if archs or isinstance(getattr(model_or_config, "model_type", None), str):
+        for a in list(archs or []) + [getattr(model_or_config, "model_type", "")]:
+            try:
+                return get_arch(a).name
+            except ValueError:
+                continue
+        raise ValueError(f"no registered architecture for HF architectures={archs}")
+    feats = _features_of(model_or_config)
+    for spec in all_archs():
+        ok = True
+        for key, want in spec.features.items():
+            have = feats.get(key)
+            if have is None:
+                if key == "rotary_base":  # a spec that needs a base cannot match without one
+                    ok = False
+                    break
+                continue  # unknown on this object: do not rule out
+            if key == "rotary_base":
+                ok = abs(float(have) - float(want)) <= 1e-6 * float(want)
+            else:
+                ok = have == want
+            if not ok:
+                break
+        if ok:
+            return spec.name
+    raise ValueError(
+        "no registered architecture matches this model: "
+        + ", ".join(f"{k}={v}" for k, v in feats.items())
+        + ". Register one with verl_bridge.arch.register_architecture."
+    )
