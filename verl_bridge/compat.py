@@ -48,6 +48,26 @@ def _cpu_safe_rotary_class(base: type) -> type:
 
 
 _ROTARY_CLASSES: dict[type, type] = {}
+_ATTENTION_CLASSES: dict[type, type] = {}
+
+
+def _cpu_safe_attention_class(base: type) -> type:
+    """Attention whose inference KV cache is allocated where the module's weights are.
+
+    megatron-core 0.12-0.19 ``Attention._allocate_memory`` allocates the static-batching KV cache
+    on ``torch.cuda.current_device()``; on a CPU-only machine that raises.
+    """
+
+    class CpuSafeAttention(base):  # type: ignore[misc, valid-type]
+        def _allocate_memory(self, inference_max_sequence_length, batch_size, dim, dtype):
+            device = next(self.parameters()).device
+            return torch.empty(
+                inference_max_sequence_length, batch_size, self.num_query_groups_per_partition, dim,
+                dtype=dtype, device=device,
+            )
+
+    CpuSafeAttention.__name__ = f"CpuSafe{base.__name__}"
+    return CpuSafeAttention
 
 
 def make_cpu_safe(model: torch.nn.Module) -> torch.nn.Module:
@@ -58,14 +78,20 @@ def make_cpu_safe(model: torch.nn.Module) -> torch.nn.Module:
     if torch.cuda.is_available():
         return model
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.transformer.attention import Attention
 
     for module in model.modules():
         cls = type(module)
-        if isinstance(module, RotaryEmbedding) and not cls.__name__.startswith("CpuSafe"):
+        if cls.__name__.startswith("CpuSafe"):
+            continue
+        if isinstance(module, RotaryEmbedding):
             if cls not in _ROTARY_CLASSES:
                 _ROTARY_CLASSES[cls] = _cpu_safe_rotary_class(cls)
             module.__class__ = _ROTARY_CLASSES[cls]
-            module.forward.cache_clear() if hasattr(module.forward, "cache_clear") else None
+        elif isinstance(module, Attention):
+            if cls not in _ATTENTION_CLASSES:
+                _ATTENTION_CLASSES[cls] = _cpu_safe_attention_class(cls)
+            module.__class__ = _ATTENTION_CLASSES[cls]
     return model
 
 

@@ -1,0 +1,245 @@
+"""``MegatronBridge``: the user's Megatron hooks -> actor, reference and critic roles.
+
+A few lines wrap an existing script::
+
+    from verl_bridge import MegatronBridge, MegatronTrainer, load_config
+    bridge = MegatronBridge(model_provider=model_provider,          # their function, unchanged
+                            initialize_megatron=initialize_megatron,  # optional
+                            load_checkpoint=load_checkpoint)          # optional
+    MegatronTrainer(load_config("ppo.yaml"), bridge=bridge).train()
+
+Hooks may also be ``"module:function"`` strings in the config
+(``model.actor.args.model_provider`` / ``initialize_megatron`` / ``load_checkpoint``).
+
+Order of operations (``initialize`` then ``build_roles``):
+
+1. ``initialize_megatron``: if the user's function sets up megatron's ``parallel_state``, its
+   process groups are reused and TP/PP are read from them (and compared with the config, every
+   difference reported); otherwise verl-bridge initialises from ``trainer.args``.
+2. ``model_provider``: called through :func:`verl_bridge.bridge.hooks.call_model_provider`,
+   whatever its signature; a provider that reads Megatron-LM's ``get_args()`` works because the
+   user's initialiser set those globals.
+3. ``load_checkpoint``: the user's loader with whichever signature it has; without one,
+   ``model.actor.args.load_path`` is read with verl-bridge's own Megatron checkpoint reader.
+4. roles: actor (trainable + optimizer), reference (frozen twin with the actor's initial weights),
+   critic (the provider's model with a scalar value head, or a Hugging Face critic).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
+
+import torch
+
+from verl_bridge.bridge.hooks import call_load_checkpoint, call_model_provider
+from verl_bridge.config import Config
+
+
+class BridgeError(RuntimeError):
+    pass
+
+
+def _resolve(hook, source_dir, what):
+    if hook is None or callable(hook):
+        return hook
+    from verl_bridge.rewards.loading import resolve_callable
+
+    return resolve_callable(hook, source_dir, what=what)
+
+
+class MegatronBridge:
+    def __init__(self, model_provider: Callable | str | None = None, initialize_megatron: Callable | str | None = None,
+                 load_checkpoint: Callable | str | None = None, *, config: Optional[Config] = None,
+                 model_builder: Optional[Callable] = None, tokenizer=None):
+        self.config = config
+        self._provider = model_provider
+        self._init = initialize_megatron
+        self._loader = load_checkpoint
+        self.model_builder = model_builder
+        self._tokenizer = tokenizer
+        self.layout = None
+        self.reused_groups = False
+
+    @classmethod
+    def from_config(cls, config: Config) -> "MegatronBridge":
+        a = config.model.actor.args
+        return cls(a.model_provider, a.initialize_megatron, a.load_checkpoint, config=config)
+
+    def bind(self, config: Config) -> "MegatronBridge":
+        self.config = config
+        a = config.model.actor.args
+        self._provider = self._provider or a.model_provider
+        self._init = self._init or a.initialize_megatron
+        self._loader = self._loader or a.load_checkpoint
+        return self
+
+    # ------------------------------------------------------------------ process groups
+    def initialize(self):
+        """Set up torch.distributed and megatron's parallel_state; return the ParallelLayout."""
+        from megatron.core import parallel_state as mpu
+
+        from verl_bridge.parallel import current_layout, init_distributed, init_model_parallel
+
+        cfg = self.config
+        src = cfg.source_dir
+        init_fn = _resolve(self._init, src, "model.actor.args.initialize_megatron")
+        ta = cfg.trainer.args
+        if init_fn is not None:
+            init_distributed()
+            init_fn()
+            if mpu.model_parallel_is_initialized():
+                self.reused_groups = True
+                layout = current_layout(ta.sequence_parallel)
+                diffs = []
+                if layout.tp_size != ta.tp_size:
+                    diffs.append(f"tensor parallel size: your initialize_megatron set {layout.tp_size}, "
+                                 f"trainer.args.tp_size is {ta.tp_size}")
+                if layout.pp_size != ta.pp_size:
+                    diffs.append(f"pipeline parallel size: your initialize_megatron set {layout.pp_size}, "
+                                 f"trainer.args.pp_size is {ta.pp_size}")
+                if ta.dp_size is not None and layout.dp_size != ta.dp_size:
+                    diffs.append(f"data parallel size: your initialize_megatron gives {layout.dp_size}, "
+                                 f"trainer.args.dp_size is {ta.dp_size}")
+                if diffs:
+                    raise BridgeError("the process groups set up by initialize_megatron differ from the config:\n  - "
+                                      + "\n  - ".join(diffs)
+                                      + "\nMake them agree (or drop the keys from the config to take yours).")
+                self.layout = layout
+                return layout
+        self.layout = init_model_parallel(ta.tp_size, ta.pp_size, ta.sequence_parallel)
+        return self.layout
+
+    # ------------------------------------------------------------------ data
+    def tokenizer_and_task(self):
+        from verl_bridge.rewards import ToyTokenizer, get_task
+
+        cfg = self.config
+        task = get_task(cfg.data.task) if cfg.data.train_files is None else None
+        if self._tokenizer is not None:
+            return self._tokenizer, task
+        if task is not None:
+            return ToyTokenizer(), task
+        path = cfg.model.actor.args.model_name_or_path
+        if not path:
+            raise BridgeError("data.train_files needs a tokenizer: set model.actor.args.model_name_or_path "
+                              "to a local HF directory with tokenizer files, or pass tokenizer= to MegatronBridge")
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path, local_files_only=True), None
+
+    def sample_prompts(self, task, rng, n: int) -> list[tuple[str, str]]:
+        if task is not None:
+            return task.sample(rng, n)
+        from verl_bridge.data import load_prompt_file
+
+        if not hasattr(self, "_rows"):
+            self._rows = load_prompt_file(self.config)
+        return [self._rows[rng.randrange(len(self._rows))] for _ in range(n)]
+
+    def reward_fn(self, task) -> Callable[[str, str], float]:
+        cfg = self.config
+        if cfg.model.reward.type == "function" and cfg.model.reward.args.path:
+            from verl_bridge.rewards import load_reward_fn
+
+            return load_reward_fn(cfg.model.reward.args.path, cfg.source_dir)
+        if task is not None:
+            return task.reward_fn
+        raise BridgeError("no reward: set model.reward.args.path ('module:function') or a built-in data.task")
+
+    # ------------------------------------------------------------------ models
+    def _vocab_and_length(self) -> tuple[int, int]:
+        cfg = self.config
+        return 16, cfg.data.max_prompt_length + cfg.data.max_response_length + 8
+
+    def actor_builder(self) -> Callable[[], torch.nn.Module]:
+        """A zero-argument function that builds this rank's actor model (on the right device)."""
+        cfg = self.config
+        args = cfg.model.actor.args
+        provider = _resolve(self._provider, cfg.source_dir, "model.actor.args.model_provider")
+        if provider is not None:
+            fn = provider
+        elif args.preset == "tiny":
+            from verl_bridge.models.tiny import tiny_model_provider
+
+            vocab, length = self._vocab_and_length()
+            fn = tiny_model_provider(args, vocab, length, cfg.trainer.precision,
+                                     tp_size=self.layout.tp_size, sequence_parallel=cfg.trainer.args.sequence_parallel)
+        elif args.model_name_or_path:
+            from verl_bridge.arch import hf_model_provider
+
+            fn = hf_model_provider(args.model_name_or_path)
+        else:
+            raise BridgeError("model.actor.args: no model source (preset, model_name_or_path or model_provider)")
+        pre = self.layout.is_first_stage
+        post = self.layout.is_last_stage
+        device = self.layout.device
+
+        def build() -> torch.nn.Module:
+            model = call_model_provider(fn, pre, post, vp_stage=None, model_builder=self.model_builder)
+            if isinstance(model, (list, tuple)):
+                if len(model) != 1:
+                    raise BridgeError(f"model_provider returned {len(model)} chunks; verl-bridge expects one model")
+                model = model[0]
+            from verl_bridge.compat import make_cpu_safe
+
+            return make_cpu_safe(model.to(device))
+
+        return build
+
+    def _load_initial_weights(self, model: torch.nn.Module) -> None:
+        cfg = self.config
+        args = cfg.model.actor.args
+        loader = _resolve(self._loader, cfg.source_dir, "model.actor.args.load_checkpoint")
+        if loader is not None:
+            call_load_checkpoint(loader, [model], None, None, path=args.load_path)
+        elif args.load_path:
+            from verl_bridge.checkpoint import load_model_weights
+
+            load_model_weights(model, args.load_path)
+        elif args.model_name_or_path and self._provider is None and args.preset is None:
+            from verl_bridge.arch import load_hf_weights
+
+            load_hf_weights(model, args.model_name_or_path)
+
+    def build_roles(self):
+        from verl_bridge.runtime.optimizer import build_optimizer
+        from verl_bridge.runtime.roles import frozen_copy, to_critic
+        from verl_bridge.runtime.trainer import Roles
+
+        cfg = self.config
+        build = self.actor_builder()
+        actor = build()
+        self._load_initial_weights(actor)
+        actor_opt = build_optimizer(actor, cfg.optim.actor)
+        a = cfg.algorithm
+        reference = None
+        if cfg.model.reference is not None or a.kl.coef > 0 or a.kl.target is not None:
+            offload = bool(cfg.model.reference and cfg.model.reference.args.offload)
+            reference = frozen_copy(build, actor, offload=offload)
+        critic = critic_opt = None
+        if cfg.model.critic is not None:
+            if cfg.model.critic.type == "huggingface":
+                from verl_bridge.bridge.hf_critic import build_hf_critic
+
+                critic = build_hf_critic(cfg.model.critic.args.model_name_or_path, self.layout.device)
+            else:
+                critic = build()
+                critic.load_state_dict(actor.state_dict())
+                critic = to_critic(critic)
+            critic_opt = build_optimizer(critic, cfg.optim.critic)
+        self.roles = Roles(actor=actor, actor_optimizer=actor_opt, reference=reference, critic=critic,
+                           critic_optimizer=critic_opt, build_actor=build)
+        return self.roles
+
+    # ------------------------------------------------------------------ checkpoints
+    def maybe_save(self, trainer, step: int) -> None:
+        cfg = self.config
+        every = cfg.trainer.save_every
+        if not every or step % every:
+            return
+        try:
+            from verl_bridge.checkpoint.trainer_state import save_trainer_checkpoint
+        except ImportError:
+            return
+        save_trainer_checkpoint(trainer, step)

@@ -1,0 +1,243 @@
+"""Load a YAML config into typed dataclasses, apply ``key=value`` overrides, collect every error.
+
+``load_config(path, overrides)`` is the one entry point. It never starts a process group and
+never imports torch: problems are collected into a single :class:`ConfigError` that lists each
+one as ``key=value: what is allowed``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from typing import Any, Optional, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from verl_bridge.config.schema import Config
+
+
+class ConfigError(Exception):
+    """Every problem found in a config, reported at once."""
+
+    def __init__(self, problems: list[str], source: str | None = None):
+        self.problems = problems
+        self.source = source
+        where = f" in {source}" if source else ""
+        lines = [f"invalid config{where} ({len(problems)} problem{'s' if len(problems) != 1 else ''}):"]
+        lines += [f"  - {p}" for p in problems]
+        super().__init__("\n".join(lines))
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    return str(value)
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        names = [_type_name(a) for a in get_args(tp) if a is not type(None)]
+        return " or ".join(names) + (" or null" if type(None) in get_args(tp) else "")
+    if origin is tuple:
+        return "a list of " + ", ".join(_type_name(a) for a in get_args(tp))
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {int: "an integer", float: "a number", bool: "true/false", str: "a string"}.get(tp, str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return _coerce(value, inner[0], key, problems)
+    if dataclasses.is_dataclass(tp):
+        if value is None:
+            return tp()
+        if not isinstance(value, dict):
+            problems.append(f"{key}={_fmt(value)}: expected a mapping")
+            return tp()
+        return _build(tp, value, key + ".", problems)
+    if origin is tuple:
+        if isinstance(value, (list, tuple)) and len(value) == len(get_args(tp)):
+            return tuple(_coerce(v, a, f"{key}[{i}]", problems) for i, (v, a) in enumerate(zip(value, get_args(tp))))
+        problems.append(f"{key}={_fmt(value)}: expected {_type_name(tp)}")
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        problems.append(f"{key}={_fmt(value)}: expected true or false")
+        return value
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        problems.append(f"{key}={_fmt(value)}: expected an integer")
+        return value
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        problems.append(f"{key}={_fmt(value)}: expected a number")
+        return value
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        problems.append(f"{key}={_fmt(value)}: expected a string")
+        return value
+    return value
+
+
+def _build(cls: type, data: dict, prefix: str, problems: list[str]) -> Any:
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    kwargs = {}
+    for k, v in data.items():
+        if k not in fields:
+            close = difflib.get_close_matches(str(k), list(fields), n=1)
+            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+            problems.append(f"{prefix}{k}: unknown key{hint}; allowed keys here: {', '.join(sorted(fields))}")
+            continue
+        kwargs[k] = _coerce(v, hints[k], prefix + k, problems)
+    return cls(**kwargs)
+
+
+def to_plain(obj: Any) -> Any:
+    """Dataclasses -> plain dicts/lists (for YAML dumps and reports)."""
+    if dataclasses.is_dataclass(obj):
+        return {
+            f.name: to_plain(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if not f.metadata.get("internal")
+        }
+    if isinstance(obj, tuple):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, list):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    return obj
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError([f"override {item!r}: expected key=value, e.g. trainer.total_steps=10"])
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError([f"override {item!r}: '{key}' is not a dotted key"])
+    try:
+        value = yaml.safe_load(raw) if raw.strip() != "" else None
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    problems = []
+    for item in overrides or []:
+        try:
+            parts, value = parse_override(item)
+        except ConfigError as exc:
+            problems += exc.problems
+            continue
+        node = data
+        for p in parts[:-1]:
+            if not isinstance(node.get(p), dict):
+                node[p] = {}
+            node = node[p]
+        node[parts[-1]] = value
+    if problems:
+        raise ConfigError(problems)
+    return data
+
+
+def read_yaml(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ConfigError([f"config file {path!r} does not exist"]) from None
+    except OSError as exc:
+        raise ConfigError([f"config file {path!r} cannot be read: {exc.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([f"YAML syntax error at {where}: {problem}"], source=path) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"the top level must be a mapping of sections, got {type(data).__name__}"], source=path)
+    return data
+
+
+def config_from_dict(data: dict, source_dir: str | None = None) -> Config:
+    problems: list[str] = []
+    cfg = _build(Config, data, "", problems)
+    cfg.source_dir = source_dir
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def load_config(
+    path: Union[str, os.PathLike, dict, Config, None] = None,
+    overrides: Optional[list[str]] = None,
+    world_size: Optional[int] = None,
+    check_paths: bool = True,
+) -> Config:
+    """Load, override and validate a config. Raises :class:`ConfigError` listing every problem.
+
+    ``path`` may be a YAML file, a dict, an existing :class:`Config` or ``None`` (defaults).
+    ``world_size`` defaults to ``$WORLD_SIZE`` (or 1); the parallel arithmetic is checked against it.
+    """
+    from verl_bridge.config.validate import validate
+
+    source = None
+    if isinstance(path, Config):
+        cfg = path
+        if overrides:
+            data = apply_overrides(to_plain(cfg), overrides)
+            cfg = config_from_dict(data, cfg.source_dir)
+    else:
+        if path is None:
+            data, source_dir = {}, os.getcwd()
+        elif isinstance(path, dict):
+            data, source_dir = dict(path), os.getcwd()
+        else:
+            source = os.fspath(path)
+            data = read_yaml(source)
+            source_dir = os.path.dirname(os.path.abspath(source))
+        data = apply_overrides(data, overrides or [])
+        try:
+            cfg = config_from_dict(data, source_dir)
+        except ConfigError as exc:
+            # still report semantic problems of what could be built? keep it simple: structural first
+            raise ConfigError(exc.problems, source=source) from None
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", cfg.trainer.nproc_per_node or 1))
+    problems = validate(cfg, world_size=world_size, check_paths=check_paths)
+    if problems:
+        raise ConfigError(problems, source=source)
+    return cfg
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(to_plain(cfg), sort_keys=False)

@@ -1,0 +1,175 @@
+"""Typed configuration: the dotted-key contract of DESIGN.md as keyword-only dataclasses.
+
+Every field here is a contract key (``algorithm.kl.coef`` is ``Config.algorithm.kl.coef``).
+Fields are keyword-only; nested sections are dataclasses; ``args`` mappings of the seed article
+(``trainer.args``, ``model.<role>.args``) are dataclasses too, so unknown keys are caught there
+as well. Validation lives in :mod:`verl_bridge.config.validate`, loading in
+:mod:`verl_bridge.config.loader`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce_plus_plus")
+ENGINES = ("native", "vllm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_PLACEMENTS = ("reward", "loss")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+ACTOR_TYPES = ("megatron",)
+CRITIC_TYPES = ("megatron", "huggingface")
+REWARD_TYPES = ("function", "model")
+PRESETS = ("tiny",)
+CHECKPOINT_FORMATS = ("legacy", "torch_dist")
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass(kw_only=True)
+class TrainerArgs:
+    tp_size: int = 1
+    pp_size: int = 1
+    dp_size: Optional[int] = None  # derived from the world size when omitted
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = True  # used on CUDA; CPU runs use a plain torch optimizer
+
+
+@dataclass(kw_only=True)
+class TrainerConfig:
+    type: str = "megatron"
+    args: TrainerArgs = field(default_factory=TrainerArgs)
+    total_steps: int = 50
+    save_every: int = 0  # 0 = only at the end when output_dir is set
+    output_dir: str = "runs/quickstart"
+    seed: int = 1234
+    log_every: int = 1
+    device: str = "auto"
+    precision: str = "fp32"
+    checkpoint_format: str = "legacy"
+    resume: str = "never"  # auto | never | PATH
+    keep_last: int = 2
+    nproc_per_node: int = 1
+    progress_bar: Optional[bool] = None  # None = on a TTY only
+
+
+@dataclass(kw_only=True)
+class ModelArgs:
+    model_name_or_path: Optional[str] = None
+    preset: Optional[str] = None
+    model_provider: Optional[str] = None  # "module:function"
+    initialize_megatron: Optional[str] = None  # "module:function"
+    load_checkpoint: Optional[str] = None  # "module:function"
+    load_path: Optional[str] = None  # a Megatron checkpoint directory to start from
+    use_flash_attn: bool = False
+    offload: bool = False  # keep a frozen role's weights on CPU between uses
+    path: Optional[str] = None  # reward function "module:function"
+    # tiny preset shape (ignored otherwise)
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    num_query_groups: Optional[int] = None
+    ffn_hidden_size: Optional[int] = None
+
+
+@dataclass(kw_only=True)
+class ModelRole:
+    type: str = "megatron"
+    args: ModelArgs = field(default_factory=ModelArgs)
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    actor: ModelRole = field(default_factory=ModelRole)
+    critic: Optional[ModelRole] = None
+    reference: Optional[ModelRole] = None  # defaults to the actor's provider and initial weights
+    reward: ModelRole = field(default_factory=lambda: ModelRole(type="function"))
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    rollout_batch_size: int = 32  # prompts per step
+    num_rollout_workers: int = 1
+    max_prompt_length: int = 16
+    max_response_length: int = 8
+    task: Optional[str] = "digits"  # built-in toy task; None when train_files is set
+    train_files: Optional[str] = None
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+
+
+@dataclass(kw_only=True)
+class KLConfig:
+    coef: float = 0.0
+    estimator: str = "k1"
+    placement: str = "reward"
+    target: Optional[float] = None  # adaptive controller when set
+    horizon: int = 10000
+
+
+@dataclass(kw_only=True)
+class AlgorithmConfig:
+    name: str = "ppo"
+    gamma: float = 1.0
+    lam: float = 0.95
+    clip_ratio: float = 0.2
+    clip_ratio_low: Optional[float] = None
+    clip_ratio_high: Optional[float] = None
+    dual_clip_c: Optional[float] = None
+    value_clip: Optional[float] = 0.2
+    vf_coef: float = 0.5
+    entropy_coef: float = 0.0
+    kl: KLConfig = field(default_factory=KLConfig)
+    ppo_epochs: int = 1
+    mini_batch_size: Optional[int] = None  # samples per optimizer step (global); None = whole batch
+    micro_batch_size: int = 8  # samples per forward/backward (per DP rank)
+    group_size: int = 1  # responses per prompt
+    whiten_advantages: bool = True
+    norm_adv_by_std: bool = True  # grpo only
+    loss_agg_mode: str = "token-mean"
+
+
+@dataclass(kw_only=True)
+class OptimRole:
+    lr: float = 1e-5
+    clip_grad: float = 1.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 0
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    actor: OptimRole = field(default_factory=OptimRole)
+    critic: OptimRole = field(default_factory=lambda: OptimRole(lr=1e-4))
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    engine: str = "native"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    tp_size: Optional[int] = None  # vLLM only; defaults to the training TP size
+    bucket_mb: int = 256
+    verify_sync: bool = True
+    verify_threshold: float = 1e-3
+    gpu_memory_utilization: float = 0.5
+
+
+@dataclass(kw_only=True)
+class Config:
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    # where the config came from (not a key): used to resolve relative paths and modules
+    source_dir: Optional[str] = field(default=None, metadata={"internal": True})
+
+    def to_dict(self) -> dict[str, Any]:
+        from verl_bridge.config.loader import to_plain
+
+        return to_plain(self)

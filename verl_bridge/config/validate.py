@@ -1,0 +1,233 @@
+"""Semantic checks of a typed config; every problem is collected, none raises early.
+
+Structural problems (unknown keys, wrong types) are found while building the dataclasses in
+:mod:`verl_bridge.config.loader`; this module checks values, names and the parallel arithmetic.
+It never imports torch and never starts a process group.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+from verl_bridge.config import schema as S
+from verl_bridge.config.schema import Config
+
+
+def _choice(problems, key, value, allowed):
+    if value not in allowed:
+        problems.append(f"{key}={value!r}: unknown name; allowed: {', '.join(map(str, allowed))}")
+
+
+def _range(problems, key, value, lo=None, hi=None, lo_open=False, hi_open=False):
+    if value is None or not isinstance(value, (int, float)):
+        return
+    bad = (lo is not None and (value <= lo if lo_open else value < lo)) or (
+        hi is not None and (value >= hi if hi_open else value > hi)
+    )
+    if bad:
+        left = "(" if lo_open else "["
+        right = ")" if hi_open else "]"
+        problems.append(
+            f"{key}={value}: out of range; allowed {left}{lo if lo is not None else '-inf'}, "
+            f"{hi if hi is not None else 'inf'}{right}"
+        )
+
+
+def _check_hook(problems, key, spec, source_dir, check_paths):
+    if spec is None:
+        return
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        problems.append(f"{key}={spec!r}: expected 'module:function', e.g. 'my_model:model_provider'")
+        return
+    if not check_paths:
+        return
+    module = spec.split(":")[0]
+    added = False
+    if source_dir and source_dir not in sys.path:
+        sys.path.insert(0, source_dir)
+        added = True
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    finally:
+        if added:
+            sys.path.remove(source_dir)
+    if not found:
+        where = f" (searched sys.path and {source_dir})" if source_dir else ""
+        problems.append(f"{key}={spec!r}: module '{module}' not found{where}")
+
+
+def _check_dir(problems, key, path, source_dir, check_paths):
+    if path is None or not check_paths:
+        return
+    full = path if os.path.isabs(path) else os.path.join(source_dir or os.getcwd(), path)
+    if not os.path.isdir(full) and not os.path.isdir(path):
+        problems.append(
+            f"{key}={path!r}: directory not found; expected a local Hugging Face model directory "
+            "(verl-bridge never downloads from a hub)"
+        )
+
+
+def validate(cfg: Config, world_size: int = 1, check_paths: bool = True) -> list[str]:
+    p: list[str] = []
+    t, a, d, r, m = cfg.trainer, cfg.algorithm, cfg.data, cfg.rollout, cfg.model
+
+    # --- trainer and parallel arithmetic
+    _choice(p, "trainer.type", t.type, ("megatron",))
+    _choice(p, "trainer.device", t.device, S.DEVICES)
+    _choice(p, "trainer.precision", t.precision, S.PRECISIONS)
+    _choice(p, "trainer.checkpoint_format", t.checkpoint_format, S.CHECKPOINT_FORMATS)
+    _range(p, "trainer.total_steps", t.total_steps, lo=1)
+    _range(p, "trainer.save_every", t.save_every, lo=0)
+    _range(p, "trainer.log_every", t.log_every, lo=1)
+    _range(p, "trainer.keep_last", t.keep_last, lo=1)
+    _range(p, "trainer.nproc_per_node", t.nproc_per_node, lo=1)
+    ta = t.args
+    _range(p, "trainer.args.tp_size", ta.tp_size, lo=1)
+    _range(p, "trainer.args.pp_size", ta.pp_size, lo=1)
+    dp = None
+    if isinstance(ta.tp_size, int) and isinstance(ta.pp_size, int) and ta.tp_size >= 1 and ta.pp_size >= 1:
+        mp = ta.tp_size * ta.pp_size
+        if world_size % mp:
+            if world_size % ta.tp_size:
+                p.append(f"trainer.args.tp_size={ta.tp_size} does not divide world size {world_size}")
+            p.append(
+                f"trainer.args.tp_size({ta.tp_size}) * trainer.args.pp_size({ta.pp_size}) = {mp} "
+                f"does not divide world size {world_size}"
+            )
+        else:
+            dp = world_size // mp
+            if ta.dp_size is not None and ta.dp_size != dp:
+                p.append(
+                    f"trainer.args.dp_size={ta.dp_size}: world size {world_size} / (tp {ta.tp_size} * "
+                    f"pp {ta.pp_size}) gives dp {dp}"
+                )
+    if t.resume not in ("auto", "never") and check_paths and not os.path.exists(t.resume):
+        p.append(f"trainer.resume={t.resume!r}: expected auto, never, or an existing checkpoint path")
+
+    # --- algorithm
+    _choice(p, "algorithm.name", a.name, S.ALGORITHMS)
+    _range(p, "algorithm.gamma", a.gamma, 0.0, 1.0)
+    _range(p, "algorithm.lam", a.lam, 0.0, 1.0)
+    _range(p, "algorithm.clip_ratio", a.clip_ratio, lo=0.0, lo_open=True)
+    _range(p, "algorithm.clip_ratio_low", a.clip_ratio_low, lo=0.0, hi=1.0, lo_open=True)
+    _range(p, "algorithm.clip_ratio_high", a.clip_ratio_high, lo=0.0, lo_open=True)
+    _range(p, "algorithm.dual_clip_c", a.dual_clip_c, lo=1.0, lo_open=True)
+    _range(p, "algorithm.value_clip", a.value_clip, lo=0.0, lo_open=True)
+    _range(p, "algorithm.vf_coef", a.vf_coef, lo=0.0)
+    _range(p, "algorithm.entropy_coef", a.entropy_coef, lo=0.0)
+    _range(p, "algorithm.ppo_epochs", a.ppo_epochs, lo=1)
+    _range(p, "algorithm.micro_batch_size", a.micro_batch_size, lo=1)
+    _range(p, "algorithm.mini_batch_size", a.mini_batch_size, lo=1)
+    _range(p, "algorithm.group_size", a.group_size, lo=1)
+    _choice(p, "algorithm.loss_agg_mode", a.loss_agg_mode, S.LOSS_AGG_MODES)
+    _choice(p, "algorithm.kl.estimator", a.kl.estimator, S.KL_ESTIMATORS)
+    _choice(p, "algorithm.kl.placement", a.kl.placement, S.KL_PLACEMENTS)
+    _range(p, "algorithm.kl.coef", a.kl.coef, lo=0.0)
+    _range(p, "algorithm.kl.target", a.kl.target, lo=0.0, lo_open=True)
+    _range(p, "algorithm.kl.horizon", a.kl.horizon, lo=1)
+    if a.name in ("grpo", "rloo") and isinstance(a.group_size, int) and a.group_size < 2:
+        p.append(f"algorithm.group_size={a.group_size}: algorithm.name={a.name!r} compares responses "
+                 "within a group and needs group_size >= 2")
+    if a.name == "ppo" and m.critic is None:
+        p.append("model.critic: algorithm.name='ppo' estimates advantages with GAE and needs a critic "
+                 "(set model.critic, or use algorithm.name grpo, rloo or reinforce_plus_plus)")
+
+    # --- batch arithmetic
+    _range(p, "data.rollout_batch_size", d.rollout_batch_size, lo=1)
+    _range(p, "data.num_rollout_workers", d.num_rollout_workers, lo=1)
+    _range(p, "data.max_prompt_length", d.max_prompt_length, lo=1)
+    _range(p, "data.max_response_length", d.max_response_length, lo=1)
+    ints = all(isinstance(x, int) and x >= 1 for x in (d.rollout_batch_size, a.group_size, a.micro_batch_size))
+    if ints and dp:
+        samples = d.rollout_batch_size * a.group_size
+        if samples % dp:
+            p.append(f"data.rollout_batch_size({d.rollout_batch_size}) * algorithm.group_size({a.group_size}) "
+                     f"= {samples} samples per step does not divide across dp={dp} ranks")
+        else:
+            per_rank = samples // dp
+            mini = a.mini_batch_size or samples
+            if isinstance(mini, int) and mini >= 1:
+                if samples % mini:
+                    p.append(f"algorithm.mini_batch_size={mini} does not divide the {samples} samples per step "
+                             f"(data.rollout_batch_size {d.rollout_batch_size} * group_size {a.group_size})")
+                elif mini % dp:
+                    p.append(f"algorithm.mini_batch_size={mini} does not divide across dp={dp} ranks")
+                elif (mini // dp) % a.micro_batch_size:
+                    p.append(f"algorithm.micro_batch_size={a.micro_batch_size} does not divide the "
+                             f"{mini // dp} samples per rank in each mini-batch "
+                             f"(mini_batch_size {mini} / dp {dp})")
+            if per_rank % a.micro_batch_size and not a.mini_batch_size:
+                pass  # reported above through the mini-batch check
+    if isinstance(d.num_rollout_workers, int) and d.num_rollout_workers >= 1 and isinstance(d.rollout_batch_size, int):
+        if d.rollout_batch_size % d.num_rollout_workers:
+            p.append(f"data.num_rollout_workers={d.num_rollout_workers} does not divide "
+                     f"data.rollout_batch_size={d.rollout_batch_size}")
+    from verl_bridge.rewards import TASKS
+
+    if d.train_files is None:
+        if d.task is None:
+            p.append("data.task: set a built-in task or data.train_files")
+        else:
+            _choice(p, "data.task", d.task, sorted(TASKS))
+    elif check_paths:
+        for f in str(d.train_files).split(","):
+            full = f if os.path.isabs(f) else os.path.join(cfg.source_dir or os.getcwd(), f)
+            if not os.path.exists(full) and not os.path.exists(f):
+                p.append(f"data.train_files={f!r}: file not found")
+
+    # --- rollout
+    _choice(p, "rollout.engine", r.engine, S.ENGINES)
+    _range(p, "rollout.temperature", r.temperature, lo=0.0)
+    _range(p, "rollout.top_p", r.top_p, lo=0.0, hi=1.0, lo_open=True)
+    _range(p, "rollout.top_k", r.top_k, lo=0)
+    _range(p, "rollout.bucket_mb", r.bucket_mb, lo=1)
+    _range(p, "rollout.tp_size", r.tp_size, lo=1)
+    _range(p, "rollout.gpu_memory_utilization", r.gpu_memory_utilization, lo=0.0, hi=1.0, lo_open=True)
+    if r.engine == "vllm" and check_paths and importlib.util.find_spec("vllm") is None:
+        p.append("rollout.engine='vllm': vLLM is not installed; install it with "
+                 "pip install 'verl-bridge[vllm]' (GPU only), or use rollout.engine=native")
+
+    # --- optim
+    for role in ("actor", "critic"):
+        o = getattr(cfg.optim, role)
+        _range(p, f"optim.{role}.lr", o.lr, lo=0.0, lo_open=True)
+        _range(p, f"optim.{role}.clip_grad", o.clip_grad, lo=0.0)
+        _range(p, f"optim.{role}.weight_decay", o.weight_decay, lo=0.0)
+        _range(p, f"optim.{role}.warmup_steps", o.warmup_steps, lo=0)
+
+    # --- models
+    src = cfg.source_dir
+    act = m.actor
+    _choice(p, "model.actor.type", act.type, S.ACTOR_TYPES)
+    sources = [k for k in ("preset", "model_name_or_path", "model_provider") if getattr(act.args, k)]
+    if not sources:
+        p.append("model.actor.args: set one of preset (e.g. tiny), model_name_or_path (a local HF directory) "
+                 "or model_provider ('module:function')")
+    elif "preset" in sources and len(sources) > 1:
+        p.append(f"model.actor.args: preset and {sources[1]} are both set; use one")
+    if act.args.preset is not None:
+        _choice(p, "model.actor.args.preset", act.args.preset, S.PRESETS)
+    _check_dir(p, "model.actor.args.model_name_or_path", act.args.model_name_or_path, src, check_paths)
+    for hook in ("model_provider", "initialize_megatron", "load_checkpoint"):
+        _check_hook(p, f"model.actor.args.{hook}", getattr(act.args, hook), src, check_paths)
+    if m.critic is not None:
+        _choice(p, "model.critic.type", m.critic.type, S.CRITIC_TYPES)
+        if m.critic.type == "huggingface":
+            if not m.critic.args.model_name_or_path:
+                p.append("model.critic.args.model_name_or_path: a huggingface critic needs a local HF directory")
+            _check_dir(p, "model.critic.args.model_name_or_path", m.critic.args.model_name_or_path, src, check_paths)
+        else:
+            _check_dir(p, "model.critic.args.model_name_or_path", m.critic.args.model_name_or_path, src, check_paths)
+            _check_hook(p, "model.critic.args.model_provider", m.critic.args.model_provider, src, check_paths)
+    if m.reference is not None:
+        _choice(p, "model.reference.type", m.reference.type, S.ACTOR_TYPES)
+    _choice(p, "model.reward.type", m.reward.type, S.REWARD_TYPES)
+    if m.reward.type == "function":
+        _check_hook(p, "model.reward.args.path", m.reward.args.path, src, check_paths)
+    elif m.reward.type == "model" and not (m.reward.args.model_name_or_path or m.reward.args.model_provider):
+        p.append("model.reward: type 'model' needs args.model_name_or_path or args.model_provider")
+    return p

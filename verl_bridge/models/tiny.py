@@ -1,0 +1,70 @@
+"""The built-in ``tiny`` preset: a Llama-style megatron-core GPTModel for the CPU quickstart.
+
+RMSNorm, SwiGLU, RoPE, no biases, untied output layer; shape from ``model.actor.args``
+(``num_layers``, ``hidden_size``, ``num_attention_heads``, ``num_query_groups``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def transformer_config_kwargs(precision: str = "fp32") -> dict:
+    """Flags every verl-bridge model sets so that megatron-core's local modules run on CPU too."""
+    kw = dict(
+        use_cpu_initialization=not torch.cuda.is_available(),
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+    if precision == "bf16":
+        kw.update(bf16=True, params_dtype=torch.bfloat16)
+    elif precision == "fp16":
+        kw.update(fp16=True, params_dtype=torch.float16)
+    return kw
+
+
+def tiny_model_provider(args, vocab_size: int, max_sequence_length: int, precision: str = "fp32",
+                        tp_size: int = 1, sequence_parallel: bool = False) -> Callable:
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from verl_bridge.compat import make_cpu_safe
+    from verl_bridge.models.spec import get_portable_gpt_layer_spec
+
+    def model_provider(pre_process: bool = True, post_process: bool = True) -> GPTModel:
+        config = TransformerConfig(
+            num_layers=args.num_layers,
+            hidden_size=args.hidden_size,
+            num_attention_heads=args.num_attention_heads,
+            num_query_groups=args.num_query_groups,
+            ffn_hidden_size=args.ffn_hidden_size or 4 * args.hidden_size,
+            normalization="RMSNorm",
+            gated_linear_unit=True,
+            activation_func=F.silu,
+            add_bias_linear=False,
+            init_method_std=0.02,
+            tensor_model_parallel_size=tp_size,
+            sequence_parallel=sequence_parallel and tp_size > 1,
+            **transformer_config_kwargs(precision),
+        )
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=get_portable_gpt_layer_spec("RMSNorm"),
+            vocab_size=vocab_size,
+            max_sequence_length=max_sequence_length,
+            pre_process=pre_process,
+            post_process=post_process,
+            position_embedding_type="rope",
+            share_embeddings_and_output_weights=False,
+        )
+        return make_cpu_safe(model)
+
+    return model_provider

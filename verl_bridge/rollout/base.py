@@ -1,0 +1,46 @@
+"""The rollout protocol shared by the native and vLLM engines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    eos_token_id: Optional[int] = None
+    pad_token_id: int = 0
+
+
+@dataclass
+class RolloutBatch:
+    """Prompts left-padded to a common length, responses right-padded.
+
+    ``prompt_ids`` [B, P], ``prompt_mask`` [B, P] (1 = real token), ``response_ids`` [B, R],
+    ``response_mask`` [B, R] (1 = generated token, EOS included).
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch: ...
+
+    def sync_weights(self) -> None: ...

@@ -1,0 +1,98 @@
+"""The native rollout engine: generate with the actor's own megatron-core model and a KV cache.
+
+Pipeline per call: left-pad prompts -> prefill through ``GPTModel`` with a megatron
+``StaticInferenceContext`` (its per-layer KV cache) -> decode one token at a time -> gather the
+vocab-parallel logits of the last position across TP -> sample on TP rank 0 -> broadcast the
+tokens to the TP group, so every TP rank holds identical samples -> stop when every row has
+emitted EOS or ``max_new_tokens`` is reached.
+
+The engine reads the actor's live parameters, so "weight sync" is a no-op apart from the
+verification probe (see :mod:`verl_bridge.rollout.verify`). PP > 1 is not supported by this
+engine (generation would need a pipelined decode); the config validator says so.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from verl_bridge.rollout.base import RolloutBatch, SamplingParams
+from verl_bridge.rollout.sampling import sample_next
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+    for i, p in enumerate(prompts):
+        if p:
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
+            mask[i, width - len(p):] = 1
+    return ids, mask
+
+
+class NativeEngine:
+    def __init__(self, model: torch.nn.Module, device: torch.device):
+        self.model = model
+        self.device = device
+
+    def sync_weights(self) -> None:  # shares the actor's parameters
+        return None
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:
+        from megatron.core import parallel_state as mpu
+        from megatron.core.inference.contexts import StaticInferenceContext
+
+        model = self.model
+        was_training = model.training
+        model.eval()
+        dev = self.device
+        prompt_ids, prompt_mask = left_pad(prompts, params.pad_token_id, dev)
+        bsz, plen = prompt_ids.shape
+        total = plen + params.max_new_tokens
+        ctx = StaticInferenceContext(max_batch_size=bsz, max_sequence_length=total)
+        tp_group = mpu.get_tensor_model_parallel_group()
+        tp_size = mpu.get_tensor_model_parallel_world_size()
+        src = mpu.get_tensor_model_parallel_src_rank() if tp_size > 1 else None
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(seed)
+
+        # key-padding mask over the whole sequence: True = masked out (megatron convention)
+        key_pad = torch.zeros((bsz, total), dtype=torch.bool, device=dev)
+        key_pad[:, :plen] = prompt_mask == 0
+        positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
+
+        causal = torch.ones(plen, plen, dtype=torch.bool, device=dev).triu(1)
+        mask = causal[None, None] | key_pad[:, None, None, :plen]
+        # a fully masked row (left padding) would give NaN in softmax: let pads see themselves
+        mask = mask & ~torch.eye(plen, dtype=torch.bool, device=dev)[None, None]
+        logits = model(prompt_ids, positions, mask, inference_context=ctx, runtime_gather_output=True)
+        ctx.sequence_len_offset += plen
+        last_pos = positions[:, -1]
+
+        response = torch.full((bsz, params.max_new_tokens), params.pad_token_id, dtype=torch.long, device=dev)
+        resp_mask = torch.zeros((bsz, params.max_new_tokens), dtype=torch.long, device=dev)
+        done = torch.zeros(bsz, dtype=torch.bool, device=dev)
+        for t in range(params.max_new_tokens):
+            full = logits[:, -1, :]  # megatron gathers TP logits in inference mode
+            tok = sample_next(full, params.temperature, params.top_p, params.top_k, generator=gen)
+            if tp_size > 1:
+                dist.broadcast(tok, src=src, group=tp_group)
+            tok = torch.where(done, torch.full_like(tok, params.pad_token_id), tok)
+            response[:, t] = tok
+            resp_mask[:, t] = (~done).long()
+            if params.eos_token_id is not None:
+                done = done | (tok == params.eos_token_id)
+            if bool(done.all()) or t == params.max_new_tokens - 1:
+                break
+            ctx.enable_decode_mode()
+            step_pos = (last_pos + 1 + t).unsqueeze(1)
+            key_pad[:, plen + t] = False
+            step_mask = key_pad[:, None, None, : plen + t + 1]
+            logits = model(tok.unsqueeze(1), step_pos, step_mask, inference_context=ctx,
+                           runtime_gather_output=True)
+            ctx.sequence_len_offset += 1
+        if was_training:
+            model.train()
+        return RolloutBatch(prompt_ids, prompt_mask, response, resp_mask)

@@ -1,0 +1,65 @@
+"""Run outputs: the seed article's console lines, metrics.jsonl, and a progress bar on a TTY."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Optional
+
+
+def info(msg: str) -> None:
+    print(f"[INFO] {msg}", flush=True)
+
+
+def warn(msg: str) -> None:
+    print(f"[WARN] {msg}", flush=True)
+
+
+class MetricsLogger:
+    """Rank 0 writes ``<run_dir>/metrics.jsonl`` (one object per step) and the console lines."""
+
+    def __init__(self, run_dir: Optional[str], total_steps: int, enabled: bool, progress_bar: Optional[bool],
+                 log_every: int = 1, append: bool = False):
+        self.enabled = enabled
+        self.log_every = log_every
+        self.total = total_steps
+        self.path = os.path.join(run_dir, "metrics.jsonl") if (run_dir and enabled) else None
+        if self.path and not append and os.path.exists(self.path):
+            os.remove(self.path)
+        show_bar = sys.stdout.isatty() if progress_bar is None else progress_bar
+        self._progress = None
+        if enabled and show_bar:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("reward={task.fields[reward]:.3f}"), TimeRemainingColumn(), transient=True,
+            )
+            self._task = self._progress.add_task("train", total=total_steps, reward=0.0)
+            self._progress.start()
+
+    def log(self, step: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, **metrics, "time": time.time()}
+        if self.path:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, reward=metrics.get("reward_mean", 0.0))
+        if step % self.log_every == 0 or step == self.total:
+            line = (f"Training step {step}: loss={metrics['actor_loss']:.3f}, "
+                    f"reward={metrics['reward_mean']:.3f}, kl={metrics['kl']:.3f}")
+            if "critic_loss" in metrics:
+                line += f", critic_loss={metrics['critic_loss']:.3f}"
+            line += f", entropy={metrics['entropy']:.3f}, {metrics['throughput_tokens_per_s']:.0f} tok/s"
+            if self._progress is not None:
+                self._progress.console.print(f"[INFO] {line}", markup=False, highlight=False)
+            else:
+                info(line)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()

@@ -1,0 +1,50 @@
+"""Actor, reference and critic models built from one provider.
+
+* actor: the provider's model, trainable, with its optimizer;
+* reference: the same provider, frozen, with the actor's *initial* weights (copied, so the user's
+  loader runs once), optionally offloaded to CPU between uses;
+* critic (``type: megatron``): the provider's model with ``output_layer`` replaced by a scalar
+  :class:`ValueHead`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ValueHead(torch.nn.Module):
+    """Scalar head with the call contract of megatron's output layer: returns ``(values, None)``."""
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.linear = torch.nn.Linear(hidden_size, 1, bias=True, dtype=dtype)
+        torch.nn.init.zeros_(self.linear.weight)
+        torch.nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden_states, weight=None, runtime_gather_output=None, **_):
+        return self.linear(hidden_states), None
+
+
+def to_critic(model: torch.nn.Module) -> torch.nn.Module:
+    """Turn a post-processing GPTModel into a critic: output layer -> scalar value head."""
+    if not hasattr(model, "output_layer"):
+        raise ValueError("a megatron critic needs a GPTModel built with post_process=True (it has no output_layer)")
+    hidden = model.config.hidden_size
+    model.output_layer = ValueHead(hidden, dtype=model.config.params_dtype)
+    model.share_embeddings_and_output_weights = False
+    return model
+
+
+def frozen_copy(build, source: torch.nn.Module, offload: bool = False) -> torch.nn.Module:
+    """A frozen twin of ``source``: built by ``build()`` (the same provider) and loaded with its weights.
+
+    Rebuilding instead of ``deepcopy`` keeps megatron's process-group handles valid.
+    """
+    ref = build()
+    ref.load_state_dict(source.state_dict(), strict=True)
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    ref.eval()
+    if offload:
+        ref.to("cpu")
+    return ref
