@@ -1,0 +1,761 @@
+"""Static evaluation of a user's script: which value does an expression have, and where from.
+
+Nothing here imports or runs the user's code. An expression evaluates to
+
+* :class:`Known` - a Python value proven from the source, with the line of the literal it comes
+  from (``clip = 0.2`` at line 12 evaluates to ``Known(0.2, 12)`` wherever ``clip`` is used);
+* :class:`Runtime` - a value that only exists when the script runs (a command-line flag without
+  a default, the world size, an environment variable), with the reason;
+* ``None`` - anything else (not provable; callers treat it as "cannot map with certainty").
+
+Sources understood: literals and arithmetic on them, module and function-local assignments
+(single assignment, or all assignments agreeing), function parameters bound through every call
+site in the file (or their defaults), ``self.x`` set in a class of the file, argparse
+``add_argument(..., default=...)`` (dashed flags become underscore attributes), Megatron-LM's
+``initialize_megatron(args_defaults={...})``, ``@dataclass`` argument classes (nested ones too,
+CleanRL style), dict literals and keyword-constructed config objects (``PPOConfig(...)``).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Union
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider
+
+
+@dataclass(frozen=True)
+class Known:
+    value: object
+    line: int
+
+
+@dataclass(frozen=True)
+class Runtime:
+    why: str
+    line: int
+
+
+Ev = Optional[Union[Known, Runtime]]
+
+
+@dataclass
+class Record:
+    """A structured value: dict literal, dataclass instance, keyword-built config, argparse args."""
+
+    kind: str  # "dict" | "dataclass:<Name>" | "call:<Name>" | "args"
+    fields: dict  # name -> (node, FuncInfo|None) or Known/Runtime
+    line: int
+    missing: str = "unknown"  # "unknown" | "runtime": what a missing field means
+
+
+@dataclass
+class FuncInfo:
+    node: cst.FunctionDef
+    qual: str
+    name: str
+    cls: Optional[str]
+    parent: Optional["FuncInfo"]
+    params: dict = field(default_factory=dict)  # name -> (index, cst.Param)
+    assigns: dict = field(default_factory=dict)  # name -> list[expr node | None]  (None = not simple)
+
+
+RUNTIME_CALLS = {
+    "torch.distributed.get_world_size": "the world size",
+    "torch.distributed.get_rank": "the rank",
+    "megatron.core.parallel_state.get_data_parallel_world_size": "the data-parallel size",
+    "megatron.core.mpu.get_data_parallel_world_size": "the data-parallel size",
+    "megatron.core.parallel_state.get_tensor_model_parallel_world_size": "the tensor-parallel size",
+    "os.getenv": "an environment variable",
+    "os.environ.get": "an environment variable",
+    "torch.cuda.device_count": "the number of GPUs",
+}
+
+ARGS_SOURCES = {
+    "megatron.training.get_args",
+    "megatron.training.global_vars.get_args",
+    "megatron.get_args",
+}
+
+
+def dotted(node: cst.CSTNode) -> Optional[str]:
+    """``a.b.c`` for Name/Attribute chains, else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr.value}" if base else None
+    return None
+
+
+def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    yield node
+    for child in node.children:
+        yield from walk(child)
+
+
+def literal_value(node: cst.BaseExpression):
+    """Python value of a plain literal (number, string, bool, None, tuple/list of those)."""
+    code = cst.Module(body=[]).code_for_node(node)
+    try:
+        return ast.literal_eval(code.strip())
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        raise ValueError(code) from None
+
+
+class Program:
+    """A parsed script with the indexes the evaluator and the recogniser need."""
+
+    def __init__(self, module: cst.Module, filename: str = "<string>", wrapper: Optional[MetadataWrapper] = None):
+        self.filename = filename
+        self.wrapper = wrapper if wrapper is not None else MetadataWrapper(module)
+        self.module = self.wrapper.module
+        self.pos = self.wrapper.resolve(PositionProvider)
+        self.parents = self.wrapper.resolve(ParentNodeProvider)
+        self.qnames_map = self.wrapper.resolve(QualifiedNameProvider)
+        self.funcs: dict[int, FuncInfo] = {}  # id(FunctionDef) -> info
+        self.funcs_by_qual: dict[str, FuncInfo] = {}
+        self.classes: dict[str, cst.ClassDef] = {}
+        self.module_assigns: dict[str, list] = {}
+        self.imports: dict[str, str] = {}  # local name -> qualified
+        self._index(self.module.body, None, None, self.module_assigns)
+        self._calls_by_callee: Optional[dict[str, list]] = None
+        self._args_record: Optional[Record] = None
+        self._stack: set = set()
+
+    # ------------------------------------------------------------------ indexing
+    def line(self, node: cst.CSTNode) -> int:
+        try:
+            return self.pos[node].start.line
+        except KeyError:
+            return 0
+
+    def qnames(self, node: cst.CSTNode) -> set[str]:
+        val = self.qnames_map.get(node, ())
+        if callable(val) and not isinstance(val, (set, frozenset, tuple, list)):
+            val = val()
+        return {q.name for q in val}
+
+    def _index(self, body, cls: Optional[str], parent: Optional[FuncInfo], assigns: dict) -> None:
+        for stmt in body:
+            for node in self._statements_and_nested(stmt):
+                self._index_node(node, cls, parent, assigns)
+
+    def _statements_and_nested(self, stmt):
+        yield stmt
+
+    def _index_node(self, node, cls, parent, assigns):
+        if isinstance(node, cst.FunctionDef):
+            if parent is not None:
+                qual = f"{parent.qual}.<locals>.{node.name.value}"
+            elif cls is not None:
+                qual = f"{cls}.{node.name.value}"
+            else:
+                qual = node.name.value
+            info = FuncInfo(node=node, qual=qual, name=node.name.value, cls=cls if parent is None else None, parent=parent)
+            params = list(node.params.posonly_params) + list(node.params.params)
+            for i, p in enumerate(params):
+                info.params[p.name.value] = (i, p)
+            for p in node.params.kwonly_params:
+                info.params[p.name.value] = (None, p)
+            self.funcs[id(node)] = info
+            self.funcs_by_qual.setdefault(qual, info)
+            self._record_assign(assigns, node.name.value, None)
+            if isinstance(node.body, cst.IndentedBlock):
+                self._index(node.body.body, None, info, info.assigns)
+            return
+        if isinstance(node, cst.ClassDef):
+            if parent is None and cls is None:
+                self.classes[node.name.value] = node
+            self._record_assign(assigns, node.name.value, None)
+            if isinstance(node.body, cst.IndentedBlock):
+                self._index(node.body.body, node.name.value, parent, {} if parent is None else assigns)
+            return
+        if isinstance(node, cst.Lambda):
+            return
+        if isinstance(node, cst.Assign):
+            for t in node.targets:
+                if isinstance(t.target, cst.Name):
+                    self._record_assign(assigns, t.target.value, node.value if len(node.targets) == 1 else node.value)
+                else:
+                    for n in walk(t.target):
+                        if isinstance(n, cst.Name) and not self._is_attr_part(t.target, n):
+                            self._record_assign(assigns, n.value, None)
+        elif isinstance(node, cst.AnnAssign):
+            if isinstance(node.target, cst.Name):
+                self._record_assign(assigns, node.target.value, node.value)
+        elif isinstance(node, (cst.AugAssign,)):
+            if isinstance(node.target, cst.Name):
+                self._record_assign(assigns, node.target.value, None)
+        elif isinstance(node, (cst.For, cst.CompFor)):
+            for n in walk(node.target):
+                if isinstance(n, cst.Name):
+                    self._record_assign(assigns, n.value, None)
+        elif isinstance(node, cst.AsName):
+            for n in walk(node.name):
+                if isinstance(n, cst.Name):
+                    self._record_assign(assigns, n.value, None)
+        elif isinstance(node, cst.NamedExpr):
+            if isinstance(node.target, cst.Name):
+                self._record_assign(assigns, node.target.value, None)
+        elif isinstance(node, (cst.Import, cst.ImportFrom)) and parent is None and cls is None:
+            self._index_import(node)
+        for child in node.children:
+            self._index_node(child, cls, parent, assigns)
+
+    @staticmethod
+    def _is_attr_part(target, n) -> bool:
+        # names inside ``a.b = ...`` or ``a[i] = ...`` targets are not rebinding ``a``
+        return not isinstance(target, (cst.Name, cst.Tuple, cst.List, cst.StarredElement))
+
+    @staticmethod
+    def _record_assign(assigns: dict, name: str, value) -> None:
+        assigns.setdefault(name, []).append(value)
+
+    def _index_import(self, node) -> None:
+        if isinstance(node, cst.Import):
+            for alias in node.names:
+                full = dotted(alias.name)
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    self.imports[alias.asname.name.value] = full
+                else:
+                    self.imports[full.split(".")[0]] = full.split(".")[0]
+        elif isinstance(node.names, cst.ImportStar):
+            return
+        else:
+            mod = dotted(node.module) if node.module is not None else ""
+            mod = "." * len(node.relative) + (mod or "")
+            for alias in node.names:
+                name = dotted(alias.name)
+                local = alias.asname.name.value if alias.asname is not None else name
+                self.imports[local] = f"{mod}.{name}" if mod else name
+
+    # ------------------------------------------------------------------ scopes
+    def func_of(self, node: cst.CSTNode) -> Optional[FuncInfo]:
+        cur = node
+        while True:
+            cur = self.parents.get(cur)
+            if cur is None:
+                return None
+            if isinstance(cur, cst.FunctionDef):
+                return self.funcs.get(id(cur))
+
+    def class_of(self, func: Optional[FuncInfo]) -> Optional[str]:
+        while func is not None:
+            if func.cls:
+                return func.cls
+            func = func.parent
+        return None
+
+    def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+        cur = node
+        while True:
+            cur = self.parents.get(cur)
+            if cur is None:
+                return
+            yield cur
+
+    # ------------------------------------------------------------------ call sites
+    def calls_by_callee(self) -> dict[str, list]:
+        """Map function qualname -> [(Call node, caller FuncInfo|None, arg offset)]."""
+        if self._calls_by_callee is not None:
+            return self._calls_by_callee
+        out: dict[str, list] = {}
+        for node in walk(self.module):
+            if not isinstance(node, cst.Call):
+                continue
+            caller = self.func_of(node)
+            target = self.resolve_callee(node, caller)
+            if target is not None:
+                info, offset = target
+                out.setdefault(info.qual, []).append((node, caller, offset))
+        self._calls_by_callee = out
+        return out
+
+    def resolve_callee(self, call: cst.Call, caller: Optional[FuncInfo]):
+        """The file's FuncInfo a call reaches (and how many leading params are implicit), or None."""
+        f = call.func
+        if isinstance(f, cst.Name):
+            name = f.value
+            scope = caller
+            while scope is not None:  # nested function defined in an enclosing function
+                nested = self.funcs_by_qual.get(f"{scope.qual}.<locals>.{name}")
+                if nested is not None:
+                    return nested, 0
+                if name in scope.assigns or name in scope.params:
+                    return None
+                scope = scope.parent
+            if name in self.classes:
+                init = self.funcs_by_qual.get(f"{name}.__init__")
+                return (init, 1) if init is not None else None
+            info = self.funcs_by_qual.get(name)
+            if info is not None and info.cls is None and info.parent is None:
+                return info, 0
+            return None
+        if isinstance(f, cst.Attribute):
+            method = f.attr.value
+            recv = f.value
+            cls = None
+            if isinstance(recv, cst.Name) and recv.value == "self":
+                cls = self.class_of(caller)
+            elif isinstance(recv, cst.Name) or isinstance(recv, cst.Attribute):
+                cls = self.instance_class(recv, caller)
+            if cls is not None:
+                info = self.funcs_by_qual.get(f"{cls}.{method}")
+                if info is not None:
+                    return info, 1
+        return None
+
+    def instance_class(self, recv: cst.BaseExpression, scope: Optional[FuncInfo]) -> Optional[str]:
+        """Class (of this file) that a receiver expression was built from, when a single assignment says so."""
+        exprs = []
+        if isinstance(recv, cst.Name):
+            exprs = self.assignments_of(recv.value, scope)
+        elif isinstance(recv, cst.Attribute) and isinstance(recv.value, cst.Name) and recv.value.value == "self":
+            cls = self.class_of(scope)
+            if cls:
+                exprs = [v for (v, _) in self.self_assignments(cls, recv.attr.value)]
+        if len(exprs) == 1 and isinstance(exprs[0], cst.Call) and isinstance(exprs[0].func, cst.Name):
+            if exprs[0].func.value in self.classes:
+                return exprs[0].func.value
+        return None
+
+    def assignments_of(self, name: str, scope: Optional[FuncInfo]) -> list:
+        while scope is not None:
+            if name in scope.assigns:
+                return list(scope.assigns[name])
+            if name in scope.params:
+                return []
+            scope = scope.parent
+        return list(self.module_assigns.get(name, []))
+
+    def self_assignments(self, cls: str, attr: str) -> list:
+        out = []
+        for info in self.funcs.values():
+            if info.cls != cls:
+                continue
+            for node in walk(info.node.body):
+                if isinstance(node, cst.Assign):
+                    for t in node.targets:
+                        tgt = t.target
+                        if (isinstance(tgt, cst.Attribute) and isinstance(tgt.value, cst.Name)
+                                and tgt.value.value == "self" and tgt.attr.value == attr):
+                            out.append((node.value, info))
+                elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
+                    tgt = node.target
+                    if (isinstance(tgt, cst.Attribute) and isinstance(tgt.value, cst.Name)
+                            and tgt.value.value == "self" and tgt.attr.value == attr):
+                        out.append((getattr(node, "value", None) if isinstance(node, cst.AnnAssign) else None, info))
+        # class-level attribute
+        cdef = self.classes.get(cls)
+        if cdef is not None and not out:
+            for stmt in cdef.body.body:
+                if isinstance(stmt, cst.SimpleStatementLine):
+                    for small in stmt.body:
+                        if isinstance(small, cst.Assign) and len(small.targets) == 1:
+                            t = small.targets[0].target
+                            if isinstance(t, cst.Name) and t.value == attr:
+                                out.append((small.value, None))
+                        elif isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.target.value == attr:
+                            out.append((small.value, None))
+        return out
+
+    # ------------------------------------------------------------------ evaluation
+    def ev(self, node: Optional[cst.BaseExpression], scope: Optional[FuncInfo]) -> Ev:
+        if node is None:
+            return None
+        key = (id(node), id(scope))
+        if key in self._stack or len(self._stack) > 60:
+            return None
+        self._stack.add(key)
+        try:
+            return self._ev(node, scope)
+        finally:
+            self._stack.discard(key)
+
+    def ev_record(self, node, scope) -> Optional[Record]:
+        r = self.ev(node, scope)
+        if isinstance(r, Known) and isinstance(r.value, Record):
+            return r.value
+        return None
+
+    def _ev(self, node, scope) -> Ev:
+        line = self.line(node)
+        if isinstance(node, (cst.Integer, cst.Float, cst.SimpleString, cst.ConcatenatedString)):
+            try:
+                return Known(literal_value(node), line)
+            except ValueError:
+                return None
+        if isinstance(node, (cst.Tuple, cst.List)):
+            vals = [self.ev(e.value, scope) for e in node.elements]
+            if all(isinstance(v, Known) for v in vals):
+                return Known(tuple(v.value for v in vals), line)
+            rt = next((v for v in vals if isinstance(v, Runtime)), None)
+            return rt
+        if isinstance(node, cst.Dict):
+            fields = {}
+            for el in node.elements:
+                if isinstance(el, cst.DictElement):
+                    k = self.ev(el.key, scope)
+                    if isinstance(k, Known) and isinstance(k.value, str):
+                        fields[k.value] = (el.value, scope)
+                    else:
+                        return None
+                else:
+                    return None
+            return Known(Record("dict", fields, line), line)
+        if isinstance(node, cst.Name):
+            if node.value in ("True", "False", "None"):
+                return Known({"True": True, "False": False, "None": None}[node.value], line)
+            return self.ev_name(node.value, scope, line)
+        if isinstance(node, cst.UnaryOperation):
+            v = self.ev(node.expression, scope)
+            if isinstance(v, Known) and isinstance(v.value, (int, float)) and not isinstance(v.value, bool):
+                if isinstance(node.operator, cst.Minus):
+                    return Known(-v.value, v.line)
+                if isinstance(node.operator, cst.Plus):
+                    return v
+            if isinstance(v, Known) and isinstance(node.operator, cst.Not):
+                return Known(not v.value, v.line)
+            return v if isinstance(v, Runtime) else None
+        if isinstance(node, cst.BinaryOperation):
+            a, b = self.ev(node.left, scope), self.ev(node.right, scope)
+            if isinstance(a, Runtime):
+                return a
+            if isinstance(b, Runtime):
+                return b
+            if isinstance(a, Known) and isinstance(b, Known):
+                return self._arith(node.operator, a, b, line)
+            return None
+        if isinstance(node, cst.Attribute):
+            return self.ev_attr(node, scope)
+        if isinstance(node, cst.Subscript):
+            if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+                base_d = dotted(node.value)
+                if base_d and self._resolve_qual(node.value) in ("os.environ",):
+                    return Runtime(f"{base_d}[...] is an environment variable", line)
+                rec = self.ev_record(node.value, scope)
+                k = self.ev(node.slice[0].slice.value, scope)
+                if rec is not None and isinstance(k, Known) and isinstance(k.value, str):
+                    return self.record_field(rec, k.value, line)
+            return None
+        if isinstance(node, cst.Call):
+            return self.ev_call(node, scope)
+        return None
+
+    @staticmethod
+    def _arith(op, a: Known, b: Known, line: int) -> Ev:
+        x, y = a.value, b.value
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (x, y)):
+            return None
+        try:
+            if isinstance(op, cst.Add):
+                r = x + y
+            elif isinstance(op, cst.Subtract):
+                r = x - y
+            elif isinstance(op, cst.Multiply):
+                r = x * y
+            elif isinstance(op, cst.Divide):
+                r = x / y
+            elif isinstance(op, cst.FloorDivide):
+                r = x // y
+            elif isinstance(op, cst.Power):
+                r = x**y
+            else:
+                return None
+        except (ZeroDivisionError, OverflowError):
+            return None
+        if isinstance(r, float):
+            r = float(f"{r:.12g}")
+        return Known(r, a.line)
+
+    def _resolve_qual(self, node) -> Optional[str]:
+        qs = self.qnames(node)
+        if qs:
+            return sorted(qs)[0]
+        d = dotted(node)
+        return d
+
+    def ev_name(self, name: str, scope: Optional[FuncInfo], line: int) -> Ev:
+        cur = scope
+        while cur is not None:
+            if name in cur.assigns:
+                return self._combine(cur.assigns[name], cur)
+            if name in cur.params:
+                return self.ev_param(cur, name)
+            cur = cur.parent
+        if name in self.module_assigns:
+            return self._combine(self.module_assigns[name], None)
+        return None
+
+    def _combine(self, exprs: list, scope) -> Ev:
+        vals = []
+        for e in exprs:
+            if e is None:
+                return None
+            vals.append(self.ev(e, scope))
+        if not vals:
+            return None
+        if any(isinstance(v, Runtime) for v in vals):
+            return next(v for v in vals if isinstance(v, Runtime))
+        if all(isinstance(v, Known) for v in vals):
+            first = vals[0]
+            if all(_same(v.value, first.value) for v in vals):
+                return vals[-1] if len(vals) > 1 else first
+        return None
+
+    def ev_param(self, info: FuncInfo, name: str) -> Ev:
+        idx, param = info.params[name]
+        if param.star in ("*", "**"):
+            return None
+        sites = self.calls_by_callee().get(info.qual, [])
+        # a function also used as a value (callback) has call sites we cannot see
+        if self._used_as_value(info):
+            sites = None
+        vals = []
+        if sites:
+            for call, caller, offset in sites:
+                arg = self._arg_for(call, idx, name, offset)
+                if arg == "star":
+                    return None
+                if arg is None:
+                    vals.append(self.ev(param.default, None) if param.default is not None else None)
+                else:
+                    vals.append(self.ev(arg, caller))
+        elif param.default is not None:
+            vals.append(self.ev(param.default, info.parent))
+        if not vals or any(v is None for v in vals):
+            return None
+        if any(isinstance(v, Runtime) for v in vals):
+            return next(v for v in vals if isinstance(v, Runtime))
+        first = vals[0]
+        if all(_same(v.value, first.value) for v in vals):
+            return first
+        return None
+
+    def _used_as_value(self, info: FuncInfo) -> bool:
+        if info.cls is not None or info.parent is not None:
+            return False
+        for node in walk(self.module):
+            if isinstance(node, cst.Name) and node.value == info.name:
+                parent = self.parents.get(node)
+                if isinstance(parent, cst.Call) and parent.func is node:
+                    continue
+                if isinstance(parent, (cst.FunctionDef,)):
+                    continue
+                return True
+        return False
+
+    @staticmethod
+    def _arg_for(call: cst.Call, idx: Optional[int], name: str, offset: int):
+        pos = 0
+        for a in call.args:
+            if a.star:
+                return "star"
+            if a.keyword is not None:
+                if a.keyword.value == name:
+                    return a.value
+                continue
+            if idx is not None and pos + offset == idx:
+                return a.value
+            pos += 1
+        return None
+
+    def ev_attr(self, node: cst.Attribute, scope) -> Ev:
+        line = self.line(node)
+        attr = node.attr.value
+        base = node.value
+        if isinstance(base, cst.Name) and base.value == "self":
+            cls = self.class_of(scope)
+            if cls is None:
+                return None
+            assigns = self.self_assignments(cls, attr)
+            if not assigns:
+                return None
+            vals = []
+            for expr, info in assigns:
+                if expr is None:
+                    return None
+                vals.append(self.ev(expr, info))
+            if any(v is None for v in vals):
+                return None
+            if any(isinstance(v, Runtime) for v in vals):
+                return next(v for v in vals if isinstance(v, Runtime))
+            if all(_same(v.value, vals[0].value) for v in vals):
+                return vals[0]
+            return None
+        q = self._resolve_qual(node)
+        if q in RUNTIME_CALLS:
+            return None
+        rec = self.ev_record(base, scope)
+        if rec is not None:
+            return self.record_field(rec, attr, line)
+        return None
+
+    def record_field(self, rec: Record, name: str, line: int) -> Ev:
+        if name not in rec.fields:
+            if rec.missing == "runtime":
+                return Runtime(f"args.{name} is not given a default in this file; it comes from the command line", line)
+            return None
+        val = rec.fields[name]
+        if isinstance(val, (Known, Runtime)):
+            return val
+        expr, sc = val
+        return self.ev(expr, sc)
+
+    def ev_call(self, node: cst.Call, scope) -> Ev:
+        line = self.line(node)
+        q = self._resolve_qual(node.func) or ""
+        qs = self.qnames(node.func) | {q}
+        for name in qs:
+            if name in RUNTIME_CALLS or name.endswith(".get_world_size") or name.endswith("get_data_parallel_world_size"):
+                return Runtime(f"{dotted(node.func) or name}() is {RUNTIME_CALLS.get(name, 'known only at run time')}", line)
+        if isinstance(node.func, cst.Name) and node.func.value in ("float", "int") and len(node.args) == 1:
+            v = self.ev(node.args[0].value, scope)
+            if isinstance(v, Known) and isinstance(v.value, (int, float, str)):
+                try:
+                    return Known(type(0.0 if node.func.value == "float" else 0)(v.value), v.line)
+                except ValueError:
+                    return None
+            return v if isinstance(v, Runtime) else None
+        if isinstance(node.func, cst.Name) and node.func.value == "len":
+            return Runtime(f"len(...) at line {line} depends on the data", line)
+        if isinstance(node.func, cst.Name) and node.func.value == "dict":
+            fields = {}
+            for a in node.args:
+                if a.keyword is None:
+                    return None
+                fields[a.keyword.value] = (a.value, scope)
+            return Known(Record("dict", fields, line), line)
+        if any(n in ARGS_SOURCES for n in qs) or (isinstance(node.func, cst.Name) and node.func.value == "get_args"):
+            return Known(self.args_record(), line)
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("parse_args", "parse_known_args"):
+            rec = self.args_record()
+            return Known(rec, line)
+        if "tyro.cli" in qs and node.args:
+            return self.ev_call(cst.Call(func=node.args[0].value), scope) if isinstance(node.args[0].value, cst.Name) else None
+        if isinstance(node.func, cst.Name) and node.func.value in self.classes:
+            cdef = self.classes[node.func.value]
+            if _is_dataclass(self, cdef):
+                return Known(self.dataclass_record(cdef, node, scope), line)
+        # keyword-constructed config objects: PPOConfig(...), GRPOConfig(...), SimpleNamespace(...)
+        name = q.rsplit(".", 1)[-1]
+        if name.endswith("Config") or name in ("SimpleNamespace", "Namespace", "EasyDict", "edict"):
+            fields = {}
+            for a in node.args:
+                if a.keyword is not None:
+                    fields[a.keyword.value] = (a.value, scope)
+                elif a.star == "**":
+                    inner = self.ev_record(a.value, scope)
+                    if inner is None:
+                        return None
+                    fields.update(inner.fields)
+                else:
+                    return None
+            return Known(Record(f"call:{name}", fields, line), line)
+        return None
+
+    def dataclass_record(self, cdef: cst.ClassDef, call: Optional[cst.Call], scope) -> Record:
+        fields: dict = {}
+        for stmt in cdef.body.body:
+            if not isinstance(stmt, cst.SimpleStatementLine):
+                continue
+            for small in stmt.body:
+                if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name):
+                    fname = small.target.value
+                    val = small.value
+                    if val is None:
+                        fields[fname] = Runtime(f"{cdef.name.value}.{fname} has no default", self.line(small))
+                        continue
+                    if isinstance(val, cst.Call) and dotted(val.func) in ("field", "dataclasses.field"):
+                        default = None
+                        for a in val.args:
+                            if a.keyword is not None and a.keyword.value == "default":
+                                default = (a.value, None)
+                            elif a.keyword is not None and a.keyword.value == "default_factory":
+                                if isinstance(a.value, cst.Name) and a.value.value in self.classes:
+                                    sub = self.classes[a.value.value]
+                                    fields[fname] = Known(self.dataclass_record(sub, None, None), self.line(a.value))
+                                    default = "done"
+                        if default is None:
+                            fields[fname] = None
+                        elif default != "done":
+                            fields[fname] = default
+                        continue
+                    fields[fname] = (val, None)
+        if call is not None:
+            for a in call.args:
+                if a.keyword is not None:
+                    fields[a.keyword.value] = (a.value, scope)
+        fields = {k: v for k, v in fields.items() if v is not None}
+        return Record(f"dataclass:{cdef.name.value}", fields, self.line(cdef))
+
+    def args_record(self) -> Record:
+        """All argparse flags declared in this file plus Megatron-LM ``args_defaults``."""
+        if self._args_record is not None:
+            return self._args_record
+        fields: dict = {}
+        for node in walk(self.module):
+            if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
+                continue
+            meth = node.func.attr.value
+            if meth == "add_argument":
+                dest = None
+                for a in node.args:
+                    if a.keyword is not None and a.keyword.value == "dest":
+                        v = self.ev(a.value, None)
+                        dest = v.value if isinstance(v, Known) else None
+                if dest is None:
+                    flags = [a.value for a in node.args if a.keyword is None and isinstance(a.value, cst.SimpleString)]
+                    names = [literal_value(f) for f in flags]
+                    longs = [n for n in names if n.startswith("--")]
+                    pick = longs[0] if longs else (names[0] if names else None)
+                    if pick is None:
+                        continue
+                    dest = pick.lstrip("-").replace("-", "_")
+                kw = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
+                line = self.line(node)
+                if "default" in kw:
+                    fields[dest] = (kw["default"], self.func_of(node))
+                elif "action" in kw and isinstance(kw["action"], cst.SimpleString):
+                    action = literal_value(kw["action"])
+                    if action == "store_true":
+                        fields[dest] = Known(False, line)
+                    elif action == "store_false":
+                        fields[dest] = Known(True, line)
+                    else:
+                        fields[dest] = Runtime(f"--{dest.replace('_', '-')} (line {line}) has no default", line)
+                else:
+                    fields[dest] = Runtime(f"--{dest.replace('_', '-')} (line {line}) has no default; its value is set on the command line", line)
+            elif meth == "set_defaults":
+                for a in node.args:
+                    if a.keyword is not None:
+                        fields[a.keyword.value] = (a.value, self.func_of(node))
+        # Megatron-LM: initialize_megatron(args_defaults={...}) overrides parser defaults
+        for node in walk(self.module):
+            if isinstance(node, cst.Call):
+                for a in node.args:
+                    if a.keyword is not None and a.keyword.value == "args_defaults":
+                        rec = self.ev_record(a.value, self.func_of(node))
+                        if rec is not None:
+                            fields.update(rec.fields)
+        self._args_record = Record("args", fields, 0, missing="runtime")
+        return self._args_record
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, Record) or isinstance(b, Record):
+        return a is b
+    return type(a) is type(b) and a == b or (
+        isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and a == b
+    )
+
+
+def _is_dataclass(prog: Program, cdef: cst.ClassDef) -> bool:
+    for d in cdef.decorators:
+        expr = d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator
+        if (dotted(expr) or "").split(".")[-1] == "dataclass":
+            return True
+    return False

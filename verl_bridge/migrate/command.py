@@ -1,0 +1,84 @@
+"""``verl-bridge migrate PATH... [--write] [--out DIR] [--config-out FILE] [--report text|json]``.
+
+Dry run by default: a unified diff, the YAML it would write and a report per file. Exit codes:
+0 every file migrated or already migrated, 1 a file was refused, 2 a file could not be parsed
+(or an internal error). Only the standard library, libcst and yaml are imported: never torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+
+import click
+
+
+def _expand(paths: tuple[str, ...]) -> list[str]:
+    out = []
+    for p in paths:
+        if os.path.isdir(p):
+            for root, dirs, files in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                out.extend(os.path.join(root, f) for f in sorted(files) if f.endswith(".py"))
+        else:
+            out.append(p)
+    return out
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def _diff(result) -> str:
+    old = _text(result.old_source).splitlines(keepends=True)
+    new = _text(result.new_source).splitlines(keepends=True)
+    return "".join(difflib.unified_diff(old, new, fromfile=f"a/{result.path}", tofile=f"b/{result.script_target}"))
+
+
+@click.command("migrate")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=True))
+@click.option("--write", is_flag=True, help="Apply the change (atomically). Without it: dry run.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write rewritten scripts (and their YAML) into DIR instead of next to the originals.")
+@click.option("--config-out", type=click.Path(dir_okay=False), default=None,
+              help="Where to write the YAML config (one PATH only). Default: <script>.yaml next to the script.")
+@click.option("--report", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="Report format; json prints one JSON object on stdout.")
+def migrate(paths, write, out_dir, config_out, report):
+    """Rewrite hand-written PPO/GRPO loops into MegatronTrainer(config).train() plus a YAML config."""
+    from verl_bridge.migrate.engine import migrate_file
+
+    files = _expand(paths)
+    if config_out and len(files) != 1:
+        raise click.UsageError("--config-out takes exactly one script; give one PATH or drop --config-out")
+    if not files:
+        raise click.UsageError("no .py files found under the given paths")
+    results = [migrate_file(f, write=write, out_dir=out_dir, config_out=config_out) for f in files]
+    if report == "json":
+        click.echo(json.dumps({"files": [r.report() for r in results]}, indent=2, default=str))
+    else:
+        for r in results:
+            _print_text(r, write)
+    statuses = {r.status for r in results}
+    if "error" in statuses:
+        return 2
+    if "refused" in statuses:
+        return 1
+    return 0
+
+
+def _print_text(r, write: bool) -> None:
+    head = {"migrated": "migrated" if write else "would migrate", "refused": "REFUSED (file not changed)",
+            "unchanged": "unchanged (already migrated)", "error": "ERROR (file not changed)"}[r.status]
+    click.echo(f"== {r.path}: {head}")
+    if r.status == "migrated":
+        click.echo(_diff(r), nl=False)
+        click.echo(f"-- {r.config_target}" + ("" if write else " (would be written)"))
+        click.echo(r.yaml_text, nl=False)
+    for reason in r.reasons:
+        click.echo(f"  reason: {reason}")
+    for w in r.warnings:
+        click.echo(f"  warning: {w}")
+    if r.status == "migrated" and not write:
+        click.echo("  dry run: nothing written; add --write to apply")
