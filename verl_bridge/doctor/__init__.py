@@ -1,1 +1,28 @@
+"""``verl-bridge doctor``: find why imports fail and versions clash, and say what to run.
 
+The doctor never imports torch, megatron, vLLM or any native extension in its own process: it
+reads versions through ``importlib.metadata``, resolves modules with ``importlib.util.find_spec``
+and the file system, and runs the real imports in parallel subprocesses with a timeout
+(``probe.py``). Each check (``checks_*.py``) turns those facts into a ``CheckResult`` with a
+status, a summary, the evidence and a fix command. ``explain.py`` matches a pasted traceback
+against the signatures in ``knowledge.py``; ``scan.py`` reads user code with ``ast`` and looks up
+megatron.core names that moved (``renames.py``).
+
+Check ids are a contract: ``python``, ``torch``, ``megatron-core``, ``megatron-namespace``,
+``megatron-training``, ``transformer-engine``, ``apex``, ``flash-attn``, ``vllm``, ``nccl``,
+``verl-bridge``.
+"""
+
+CHECK_IDS = (
+    "python",
+    "torch",
+    "megatron-core",
+    "megatron-namespace",
+    "megatron-training",
+    "transformer-engine",
+    "apex",
+    "flash-attn",
+    "vllm",
+    "nccl",
+    "verl-bridge",
+)

@@ -1,0 +1,141 @@
+"""The ``verl-bridge doctor`` click command.
+
+Exit codes: 0 no errors (nothing matched for --explain, nothing missing for --scan),
+1 errors found (with --strict, warnings too), 2 usage error or the doctor itself failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+DEFAULT_TIMEOUT = 3.5
+
+
+def _default_timeout() -> float:
+    try:
+        return float(os.environ.get("VERL_BRIDGE_DOCTOR_TIMEOUT", DEFAULT_TIMEOUT))
+    except ValueError:
+        return DEFAULT_TIMEOUT
+
+
+@click.command("doctor", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
+@click.option("-v", "--verbose", is_flag=True, help="Show the evidence behind every check.")
+@click.option("--explain", "explain_src", metavar="FILE|-", default=None,
+              help="Name the root cause of a traceback or log (a file, or - for stdin).")
+@click.option("--scan", "scan_paths", metavar="PATH", multiple=True,
+              type=click.Path(exists=True, dir_okay=True, file_okay=True),
+              help="Find megatron.core names in your code that the installed megatron-core lacks (repeatable).")
+@click.option("--issue", is_flag=True, help="Print a redacted markdown report to paste into a bug report.")
+@click.option("--config", "config_path", metavar="FILE", default=None,
+              type=click.Path(exists=True, dir_okay=False),
+              help="A verl-bridge YAML config; checks the extras its features need (rollout.engine: vllm).")
+@click.option("--timeout", type=float, default=None, metavar="SECONDS",
+              help=f"Deadline for the import probes (default {DEFAULT_TIMEOUT:g} s, or $VERL_BRIDGE_DOCTOR_TIMEOUT).")
+@click.pass_context
+def doctor(ctx: click.Context, as_json: bool, strict: bool, verbose: bool, explain_src: str | None,
+           scan_paths: tuple[str, ...], issue: bool, config_path: str | None, timeout: float | None) -> None:
+    """Diagnose ImportErrors and version clashes across torch, megatron-core, Megatron-LM,
+    Transformer Engine, apex, flash-attn, vLLM and NCCL, and print the command that fixes each.
+
+    \b
+    Examples:
+      verl-bridge doctor                 one line per check
+      verl-bridge doctor -v --json       with the evidence, as JSON
+      verl-bridge doctor --explain log.txt
+      verl-bridge doctor --scan train.py
+    """
+    try:
+        if explain_src is not None:
+            code = _explain(explain_src, as_json)
+        elif scan_paths:
+            code = _scan(list(scan_paths), as_json, strict)
+        else:
+            code = _checks(as_json, strict, verbose, issue, config_path,
+                           timeout if timeout is not None else _default_timeout())
+    except click.exceptions.Exit:
+        raise
+    except click.ClickException:
+        raise
+    except Exception as exc:  # the doctor itself failed: one readable paragraph, exit 2
+        click.echo(f"verl-bridge doctor failed: {type(exc).__name__}: {exc}. This is a bug in the doctor, not in "
+                   "your environment; please report it with the command you ran.", err=True)
+        ctx.exit(2)
+        return
+    ctx.exit(code)
+
+
+def _checks(as_json: bool, strict: bool, verbose: bool, issue: bool, config_path: str | None, timeout: float) -> int:
+    from . import env
+    from .render import issue_report, json_report, text_report
+    from .runner import run_checks
+
+    results, elapsed = run_checks(config_path=config_path, timeout=max(0.5, timeout))
+    if issue:
+        idx = env.DistIndex()
+        versions = {n: idx.version(n) for n in ("verl-bridge", "torch", "megatron-core", "transformer-engine",
+                                                "flash-attn", "apex", "vllm", "nvidia-nccl-cu12")}
+        click.echo(issue_report(results, versions))
+    elif as_json:
+        click.echo(json_report(results))
+    else:
+        click.echo(text_report(results, verbose=verbose, elapsed=elapsed))
+    statuses = {r.status for r in results}
+    if "error" in statuses or (strict and "warn" in statuses):
+        return 1
+    return 0
+
+
+def _explain(src: str, as_json: bool) -> int:
+    from .explain import explain
+
+    if src == "-":
+        text = sys.stdin.read()
+    else:
+        if not os.path.isfile(src):
+            raise click.UsageError(f"--explain: no such file: {src}")
+        with open(src, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    matches = explain(text)
+    if as_json:
+        click.echo(json.dumps({"matches": [m.to_dict() for m in matches]}, indent=2))
+    elif not matches:
+        click.echo("No known error signature matched. Run `verl-bridge doctor` to check the environment.")
+    else:
+        for i, m in enumerate(matches, 1):
+            click.echo(f"{i}. [{m.id}] {m.cause}")
+            for j, line in enumerate(m.fix.splitlines()):
+                click.echo(f"   {'fix: ' if j == 0 else '     '}{line}")
+            if m.source:
+                click.echo(f"   seen in: {m.source}")
+    return 1 if matches else 0
+
+
+def _scan(paths: list[str], as_json: bool, strict: bool) -> int:
+    from .scan import InstalledMegatron, scan
+
+    installed = InstalledMegatron()
+    findings, notes = scan(paths, installed)
+    if as_json:
+        click.echo(json.dumps({"megatron_core": installed.version, "findings": [f.to_dict() for f in findings],
+                               "notes": notes}, indent=2))
+    else:
+        click.echo(f"installed megatron-core: {installed.version or 'not installed'}")
+        for f in findings:
+            mark = {"missing": "✗", "renamed-keyword": "✗", "deprecated": "!"}.get(f.status, "?")
+            click.echo(f"{mark} {f.path}:{f.line}  {f.message}")
+            if f.replacement:
+                click.echo(f"    fix: use {f.replacement}")
+        for n in notes:
+            click.echo(f"note: {n}")
+        if not findings:
+            click.echo("no megatron names that the installed megatron-core lacks")
+    statuses = {f.status for f in findings}
+    if statuses & {"missing", "renamed-keyword"} or (strict and statuses):
+        return 1
+    return 0

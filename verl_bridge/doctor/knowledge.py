@@ -1,0 +1,410 @@
+"""Known error signatures for ``verl-bridge doctor --explain``.
+
+Each signature is a set of regular expressions over a pasted traceback or log, the cause it
+names and the fix. The comment above each one gives the public issue thread it was taken from.
+Ids start with the check id they belong to (``megatron-training``, ``flash-attn-abi``, ...).
+Named groups of the patterns fill ``{placeholders}`` in cause and fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Signature:
+    id: str
+    all_of: tuple[str, ...]
+    cause: str
+    fix: str
+    weight: int = 10  # higher = more specific; decides the order of matches
+    none_of: tuple[str, ...] = ()
+    source: str = ""
+
+
+MEGATRON_CORE_FIX = 'pip install "megatron-core>=0.12,<0.20"'
+TE_FIX = 'pip uninstall -y transformer-engine transformer-engine-cu12 transformer-engine-torch && pip install --no-build-isolation "transformer-engine[pytorch]"'
+FA_FIX = 'pip uninstall -y flash-attn && pip install --no-build-isolation --no-cache-dir flash-attn'
+
+SIGNATURES: tuple[Signature, ...] = (
+    # source: https://github.com/NVIDIA-NeMo/Speech/issues/2995
+    Signature(
+        "megatron-namespace",
+        (r"cannot import name '(?P<name>\w+)' from 'megatron' \((?P<path>[^)]*megatron[/\\]__init__\.py)\)",),
+        "a regular package at {path} shadows the `megatron` namespace package that megatron-core and "
+        "Megatron-LM share (the unrelated PyPI package `megatron`, or an old Megatron-LM checkout/install)",
+        "pip uninstall -y megatron && pip install --force-reinstall --no-deps \"megatron-core>=0.12,<0.20\"\n"
+        "# or remove the stale checkout from PYTHONPATH; then check with: verl-bridge doctor",
+        weight=40,
+        source="https://github.com/NVIDIA-NeMo/Speech/issues/2995",
+    ),
+    # source: https://github.com/huggingface/accelerate/issues/2390
+    Signature(
+        "megatron-training",
+        (r"cannot import name '(?P<name>\w+)' from 'megatron' \(unknown location\)",),
+        "`megatron` is only the megatron-core namespace package: `{name}` lives in Megatron-LM's "
+        "`megatron.training`, which the megatron-core wheel does not ship before 0.17",
+        "git clone https://github.com/NVIDIA/Megatron-LM && export PYTHONPATH=$PWD/Megatron-LM:$PYTHONPATH\n"
+        "# and import it from megatron.training (e.g. `from megatron.training import get_args`)",
+        weight=40,
+        source="https://github.com/huggingface/accelerate/issues/2390",
+    ),
+    # source: https://github.com/laekov/fastmoe/issues/181
+    Signature(
+        "megatron-training-legacy-api",
+        (r"cannot import name '(?P<name>get_args|get_timers|get_tokenizer|mpu|print_rank_0|initialize_megatron)' from 'megatron'",),
+        "`from megatron import {name}` is the pre-2024 Megatron-LM layout; current Megatron-LM moved it to "
+        "`megatron.training`",
+        "change the import to `from megatron.training import {name}` (Megatron-LM checkout on PYTHONPATH), "
+        "or pin the Megatron-LM release your code was written for",
+        weight=15,
+        source="https://github.com/laekov/fastmoe/issues/181",
+    ),
+    # source: https://github.com/verl-project/verl/issues/82
+    Signature(
+        "megatron-training-missing",
+        (r"No module named '(?P<mod>megatron\.(?:training|optimizer|arguments|initialize|global_vars|checkpointing|model|tokenizer|text_generation|legacy|inference)\b[\w.]*)'",),
+        "`{mod}` is part of Megatron-LM, not of the megatron-core wheel; Megatron-LM code needs a "
+        "checkout on PYTHONPATH",
+        "git clone https://github.com/NVIDIA/Megatron-LM && export PYTHONPATH=$PWD/Megatron-LM:$PYTHONPATH",
+        weight=30,
+        source="https://github.com/verl-project/verl/issues/82",
+    ),
+    # source: https://github.com/huggingface/accelerate/issues/970
+    Signature(
+        "megatron-training-layout",
+        (r"cannot import name '(?P<name>\w+)' from 'megatron\.(?P<mod>arguments|initialize|global_vars|checkpointing|utils)'",),
+        "Megatron-LM moved `megatron.{mod}` to `megatron.training.{mod}`; the code was written for an older layout",
+        "use `from megatron.training.{mod} import {name}` or pin the Megatron-LM release the code expects",
+        weight=30,
+        source="https://github.com/huggingface/accelerate/issues/970",
+    ),
+    # source: https://github.com/verl-project/verl/issues/6931
+    Signature(
+        "megatron-bridge-missing",
+        (r"No module named 'megatron\.bridge'",),
+        "Megatron-Bridge (`megatron.bridge`) is a separate package, not part of megatron-core",
+        "pip install megatron-bridge",
+        weight=30,
+        source="https://github.com/verl-project/verl/issues/6931",
+    ),
+    # source: https://github.com/alibaba/Pai-Megatron-Patch/issues/357
+    Signature(
+        "megatron-core-missing",
+        (r"No module named '(?P<mod>megatron(?:\.core)?)'",),
+        "megatron-core is not installed in this Python environment (or another interpreter is running)",
+        MEGATRON_CORE_FIX,
+        weight=20,
+        source="https://github.com/alibaba/Pai-Megatron-Patch/issues/357",
+    ),
+    # source: https://github.com/ISEEKYAN/mbridge/issues/50
+    Signature(
+        "megatron-core-api",
+        (r"cannot import name '(?P<name>\w+)' from '(?P<mod>megatron\.core[\w.]*)'",),
+        "`{name}` is not in the installed megatron-core's `{mod}`: the code was written for another "
+        "megatron-core version (names move between releases)",
+        "run `verl-bridge doctor --scan <your code>` to see where it moved, or install the matching "
+        "version: " + MEGATRON_CORE_FIX,
+        weight=25,
+        source="https://github.com/ISEEKYAN/mbridge/issues/50",
+    ),
+    # source: https://github.com/NVIDIA/Megatron-LM/issues/713
+    Signature(
+        "megatron-core-custom-layers",
+        (r"megatron\.core\.transformer\.custom_layers",),
+        "`megatron.core.transformer.custom_layers.transformer_engine` moved to "
+        "`megatron.core.extensions.transformer_engine` (megatron-core 0.9) and the old path was later removed",
+        "import from megatron.core.extensions.transformer_engine instead (verl-bridge doctor --scan PATH lists every use)",
+        weight=35,
+        source="https://github.com/NVIDIA/Megatron-LM/issues/713",
+    ),
+    # source: https://github.com/NVIDIA/Megatron-LM/issues/577
+    Signature(
+        "megatron-core-needs-te",
+        (r"No module named 'transformer_engine'",),
+        "the code imports Megatron's Transformer Engine layers but Transformer Engine is not installed",
+        'pip install --no-build-isolation "transformer-engine[pytorch]"\n'
+        "# or build the model with the local (non-TE) layer spec",
+        weight=25,
+        source="https://github.com/NVIDIA/Megatron-LM/issues/577",
+    ),
+    # source: https://github.com/NVIDIA/TransformerEngine/issues/1878
+    Signature(
+        "python-missing-dependency",
+        (r"No module named '(?P<mod>einops|packaging|ninja|pybind11|nvtx|tensorstore|zarr|sentencepiece|tiktoken|pydantic)'",),
+        "a pure-Python dependency (`{mod}`) is missing from the environment",
+        "pip install {mod}",
+        weight=12,
+        source="https://github.com/NVIDIA/TransformerEngine/issues/1878",
+    ),
+    # source: https://github.com/NVIDIA/TransformerEngine/issues/1192
+    Signature(
+        "transformer-engine-abi",
+        (r"transformer_engine(?:_torch|/[\w/]*)?[\w.\-]*\.so[:\s].*undefined symbol|undefined symbol.*transformer_engine_torch",),
+        "Transformer Engine's PyTorch extension does not match the installed torch",
+        TE_FIX,
+        weight=45,
+        none_of=(r"undefined symbol:?\s*nvte_",),
+        source="https://github.com/NVIDIA/TransformerEngine/issues/1192",
+    ),
+    # source: https://github.com/huggingface/accelerate/issues/1475
+    Signature(
+        "transformer-engine-legacy-extension",
+        (r"transformer_engine_extensions[\w.\-]*\.so: undefined symbol",),
+        "an old Transformer Engine (transformer_engine_extensions, TE < 1.9) built for another torch, "
+        "typically from an NGC container whose torch was replaced",
+        TE_FIX + "\n# or, when Transformer Engine is not needed: pip uninstall -y transformer-engine",
+        weight=46,
+        source="https://github.com/huggingface/accelerate/issues/1475",
+    ),
+    # source: https://github.com/NVIDIA/TransformerEngine/issues/115
+    Signature(
+        "transformer-engine-core",
+        (r"undefined symbol:?\s*nvte_\w+",),
+        "Transformer Engine's framework extension and its core library (libtransformer_engine.so) come "
+        "from different Transformer Engine builds, or the extension was imported before `transformer_engine`",
+        TE_FIX,
+        weight=44,
+        source="https://github.com/NVIDIA/TransformerEngine/issues/115",
+    ),
+    # source: https://github.com/NVIDIA/TransformerEngine/issues/1541
+    Signature(
+        "transformer-engine-partial",
+        (r"transformer_engine[/\\]\w+[/\\]__init__\.py.*_load_library|Could not find shared object file for Transformer Engine|No module named 'transformer_engine_torch'|transformer_engine.*StopIteration",),
+        "a partial Transformer Engine install: the core wheel (transformer-engine-cu12) is present but the "
+        "PyTorch extension (transformer-engine-torch) is missing or from another version",
+        TE_FIX,
+        weight=42,
+        source="https://github.com/NVIDIA/TransformerEngine/issues/1541",
+    ),
+    # source: https://github.com/nvidia-cosmos/cosmos-transfer2.5/issues/185
+    Signature(
+        "transformer-engine-metadata",
+        (r"No package metadata was found for (?P<dist>transformer[_-]engine[\w-]*)",),
+        "Transformer Engine's files are importable but the `{dist}` distribution is not installed "
+        "(copied in by a container or a source build without metadata)",
+        TE_FIX,
+        weight=40,
+        source="https://github.com/nvidia-cosmos/cosmos-transfer2.5/issues/185",
+    ),
+    # source: https://github.com/Dao-AILab/flash-attention/issues/940
+    Signature(
+        "flash-attn-abi",
+        (r"flash_attn[\w\-]*\.(?:cpython[\w\-]*\.)?so[:\s].*undefined symbol|undefined symbol.*flash_attn",),
+        "flash-attn's CUDA extension (flash_attn_2_cuda) does not match the installed torch",
+        FA_FIX + "\n# or pick the prebuilt wheel whose name matches torch and its C++ ABI "
+        "(flash_attn-X+cuXXtorchY.Ycxx11abiTRUE|FALSE)",
+        weight=50,
+        source="https://github.com/Dao-AILab/flash-attention/issues/940",
+    ),
+    # source: https://github.com/Dao-AILab/flash-attention/issues/931
+    Signature(
+        "flash-attn-torch",
+        (r"flash_attn_2_cuda", r"_ZN3c104cuda9SetDevice"),
+        "flash-attn's wheel was built for another torch release (c10::cuda::SetDevice changed signature in torch 2.3)",
+        FA_FIX,
+        weight=30,
+        source="https://github.com/Dao-AILab/flash-attention/issues/931",
+    ),
+    # source: https://github.com/NVIDIA/Megatron-LM/issues/3984
+    Signature(
+        "flash-attn-window",
+        (r"Supported flash-attn versions are (?P<window>[^.\n]+(?:\.\d+)*(?:\.post\d+)?)\.? *Found flash-attn (?P<found>[\w.+]+)",),
+        "flash-attn {found} is outside the window Transformer Engine accepts ({window})",
+        'pip install --no-build-isolation "flash-attn{window}"  # a version inside the window',
+        weight=45,
+        source="https://github.com/NVIDIA/Megatron-LM/issues/3984",
+    ),
+    # source: https://github.com/NVIDIA/TransformerEngine/issues/1123
+    Signature(
+        "flash-attn-max-version",
+        (r"FlashAttention (?P<which>maximum|minimum) version (?P<v>[\w.]+) is (?:supported|required)",),
+        "the installed flash-attn is outside the versions this Transformer Engine accepts ({which} {v})",
+        'pip install --no-build-isolation "flash-attn=={v}"  # or upgrade Transformer Engine',
+        weight=40,
+        source="https://github.com/NVIDIA/TransformerEngine/issues/1123",
+    ),
+    # source: https://github.com/vllm-project/vllm/issues/21226
+    Signature(
+        "vllm-abi",
+        (r"vllm[/\\]_C[\w.\-]*\.so[:\s].*undefined symbol|undefined symbol.*vllm[/\\]_C",),
+        "vLLM's compiled ops (vllm._C) were built for another torch than the one installed; vLLM wheels pin "
+        "one exact torch",
+        'pip install --force-reinstall "vllm==$(python -c \'import importlib.metadata as m; print(m.version("vllm"))\')"'
+        "  # reinstalls the torch it pins\n# or: pip install \"verl-bridge[vllm]\" in a fresh environment",
+        weight=50,
+        source="https://github.com/vllm-project/vllm/issues/21226",
+    ),
+    # source: https://github.com/vllm-project/vllm/issues/13608
+    Signature(
+        "vllm-abi-old-string",
+        (r"vllm[/\\]_C", r"undefined symbol:?\s*_Z\w*Ss"),
+        "vLLM's _C was compiled with the pre-C++11 string ABI while torch uses the new one (a source build "
+        "mixed with a wheel)",
+        "pip uninstall -y vllm && pip install vllm  # or rebuild vLLM from source against the installed torch",
+        weight=30,
+        source="https://github.com/vllm-project/vllm/issues/13608",
+    ),
+    # source: https://github.com/vllm-project/vllm/issues/1814
+    Signature(
+        "vllm-no-ops",
+        (r"No module named ['\"]vllm\._C['\"]",),
+        "a vLLM source checkout without its compiled ops shadows the installed vLLM (often the current "
+        "directory is the vLLM repo)",
+        "cd elsewhere (or remove the checkout from PYTHONPATH), or build it: pip install -e <vllm checkout>",
+        weight=40,
+        source="https://github.com/vllm-project/vllm/issues/1814",
+    ),
+    # source: https://github.com/hiyouga/EasyR1/issues/27
+    Signature(
+        "vllm-torch-pin",
+        (r"vllm (?P<vv>[\w.+]+) requires torch==(?P<want>[\w.+]+), but you have torch (?P<have>[\w.+]+)",),
+        "vLLM {vv} is pinned to torch {want} but torch {have} is installed; vLLM's compiled ops only load with {want}",
+        'pip install "torch=={want}"  # or install the vLLM release built for torch {have}',
+        weight=45,
+        source="https://github.com/hiyouga/EasyR1/issues/27",
+    ),
+    # source: https://github.com/vllm-project/vllm/issues/34224
+    Signature(
+        "vllm-replaced-torch",
+        (r"Attempting uninstall: torch", r"vllm"),
+        "installing vLLM replaced the existing torch with the one vLLM pins; extensions built for the old torch "
+        "(flash-attn, Transformer Engine, apex) now fail to load",
+        "reinstall flash-attn / transformer-engine / apex against the new torch, or install vLLM first and the rest after",
+        weight=8,
+        source="https://github.com/vllm-project/vllm/issues/34224",
+    ),
+    # source: https://github.com/NVIDIA/apex/issues/1208
+    Signature(
+        "apex-no-cuda-ext",
+        (r"No module named '(?P<ext>amp_C|apex_C|syncbn|fused_adam_cuda|scaled_masked_softmax_cuda|scaled_upper_triang_masked_softmax_cuda)'",),
+        "apex was installed without its CUDA extensions (`{ext}` is one of them)",
+        "git clone https://github.com/NVIDIA/apex && cd apex && pip install -v --no-build-isolation "
+        "--config-settings \"--build-option=--cpp_ext\" --config-settings \"--build-option=--cuda_ext\" .",
+        weight=35,
+        source="https://github.com/NVIDIA/apex/issues/1208",
+    ),
+    # source: https://github.com/namisan/mt-dnn/issues/64
+    Signature(
+        "apex-fused-layer-norm",
+        (r"No module named 'fused_layer_norm_cuda'",),
+        "apex's fused layer norm extension is missing: apex was built without --cuda_ext",
+        "git clone https://github.com/NVIDIA/apex && cd apex && pip install -v --no-build-isolation "
+        "--config-settings \"--build-option=--cpp_ext\" --config-settings \"--build-option=--cuda_ext\" .",
+        weight=35,
+        source="https://github.com/namisan/mt-dnn/issues/64",
+    ),
+    # source: https://github.com/NVIDIA/Megatron-LM/issues/1885
+    Signature(
+        "apex-fused-wgrad",
+        (r"fused_weight_gradient_mlp_cuda",),
+        "gradient_accumulation_fusion needs apex's fused_weight_gradient_mlp_cuda (or Transformer Engine), "
+        "which is not built in this environment",
+        "build apex with --cuda_ext (see apex-no-cuda-ext), or turn the fusion off: "
+        "--no-gradient-accumulation-fusion / TransformerConfig(gradient_accumulation_fusion=False)",
+        weight=35,
+        source="https://github.com/NVIDIA/Megatron-LM/issues/1885",
+    ),
+    # source: https://github.com/icip-cas/AutoAlign/issues/25
+    Signature(
+        "apex-cuda-mismatch",
+        (r"detected CUDA version \((?P<have>[\d.]+)\) mismatches the version that was used to compile\s+PyTorch \((?P<want>[\d.]+)\)",),
+        "the CUDA toolkit on PATH ({have}) differs from the CUDA torch was built with ({want}), so C++/CUDA "
+        "extensions (apex, flash-attn, Transformer Engine) cannot be compiled",
+        "export CUDA_HOME=/usr/local/cuda-{want} PATH=/usr/local/cuda-{want}/bin:$PATH  "
+        "# or install the torch build for CUDA {have}",
+        weight=40,
+        source="https://github.com/icip-cas/AutoAlign/issues/25",
+    ),
+    # source: https://github.com/pytorch/pytorch/issues/119072
+    Signature(
+        "nccl-duplicate",
+        (r"undefined symbol:?\s*(?P<sym>ncclCommRegister|ncclCommDeregister|ncclCommInitRankConfig|ncclCommSplit|ncclMemAlloc)",),
+        "torch was linked against a newer NCCL than the libnccl.so.2 that was loaded (it lacks {sym}): "
+        "another NCCL copy (system library, LD_LIBRARY_PATH, or a second nvidia-nccl wheel) is found first",
+        "pip install --force-reinstall --no-deps nvidia-nccl-cu12 && unset LD_LIBRARY_PATH  "
+        "# then remove other libnccl.so.2 copies listed by `verl-bridge doctor -v`",
+        weight=45,
+        source="https://github.com/pytorch/pytorch/issues/119072",
+    ),
+    # source: https://github.com/NVIDIA/nccl/issues/1784
+    Signature(
+        "nccl-symbol",
+        (r"undefined symbol:?\s*\"?(?P<sym>nccl\w+)",),
+        "the program was built against a newer NCCL than the libnccl.so.2 that the loader found ({sym} is missing)",
+        "point the loader at one NCCL: unset LD_LIBRARY_PATH (or put the matching NCCL lib dir first) and keep "
+        "a single nvidia-nccl-cu* wheel",
+        weight=30,
+        source="https://github.com/NVIDIA/nccl/issues/1784",
+    ),
+    # source: https://github.com/lllyasviel/Fooocus/issues/1313
+    Signature(
+        "torch-driver",
+        (r"NVIDIA driver on your system is too old \(found version (?P<found>\d+)\)",),
+        "the NVIDIA driver (CUDA {found}) is older than the CUDA runtime torch was built with",
+        "upgrade the NVIDIA driver, or install a torch built for the driver's CUDA: "
+        "pip install torch --index-url https://download.pytorch.org/whl/cu118",
+        weight=40,
+        source="https://github.com/lllyasviel/Fooocus/issues/1313",
+    ),
+    # source: https://github.com/vllm-project/vllm/issues/18835
+    Signature(
+        "torch-arch",
+        (r"no kernel image is available for execution on the device",),
+        "a CUDA binary (torch, vLLM, flash-attn or Transformer Engine) was not compiled for this GPU's "
+        "compute capability",
+        "install a build that includes this GPU's architecture, or rebuild the extension with "
+        "TORCH_CUDA_ARCH_LIST=\"$(python -c 'import torch; print(\"%d.%d\" % torch.cuda.get_device_capability())')\"",
+        weight=35,
+        source="https://github.com/vllm-project/vllm/issues/18835",
+    ),
+    # source: https://github.com/vllm-project/vllm/issues/31018
+    Signature(
+        "torch-cuda-runtime",
+        (r"(?P<lib>lib(?:cudart|cublas|cublasLt|cudnn|nvrtc|cusparse|nvJitLink)\.so[\d.]*): cannot open shared object file",),
+        "the CUDA runtime library {lib} is not installed or not on the loader path (a package built for "
+        "another CUDA major version, or the nvidia-* wheels are missing)",
+        "pip install --force-reinstall torch  # brings the nvidia-*-cu12 runtime wheels\n"
+        "# or install the build for your CUDA major version",
+        weight=35,
+        source="https://github.com/vllm-project/vllm/issues/31018",
+    ),
+    # source: https://github.com/pytorch/pytorch/issues/87279
+    Signature(
+        "torch-libstdcxx",
+        (r"version `(?P<ver>GLIBCXX_[\d.]+|CXXABI_[\d.]+)' not found",),
+        "the system libstdc++ is older than the one the binary needs ({ver}); a conda or newer libstdc++ "
+        "is shadowed by /usr/lib",
+        "conda install -c conda-forge 'libstdcxx-ng>=12'  # or: export LD_LIBRARY_PATH=$CONDA_PREFIX/lib:$LD_LIBRARY_PATH",
+        weight=35,
+        source="https://github.com/pytorch/pytorch/issues/87279",
+    ),
+    # source: https://github.com/pytorch/pytorch/issues/28111
+    Signature(
+        "torch-cpu-build",
+        (r"Torch not compiled with CUDA enabled",),
+        "the installed torch is a CPU-only build",
+        "pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu124",
+        weight=35,
+        source="https://github.com/pytorch/pytorch/issues/28111",
+    ),
+    # source: https://github.com/pytorch/pytorch/issues/120186
+    Signature(
+        "torch-import-abi",
+        (r"torch[/\\]lib[/\\]lib\w+\.so: undefined symbol",),
+        "torch's own libraries do not match each other or their CUDA/NCCL wheels (a partial upgrade)",
+        "pip install --force-reinstall torch",
+        weight=20,
+        none_of=(r"undefined symbol:?\s*nccl",),
+        source="https://github.com/pytorch/pytorch/issues/120186",
+    ),
+    # Not from an upstream thread: the seed article's import path, mapped to this project's.
+    Signature(
+        "verl-bridge-import-path",
+        (r"No module named 'verl(?:\.trainer(?:\.rl_trainer(?:\.megatron)?)?)?'|cannot import name 'MegatronTrainer' from 'verl",),
+        "the seed article's `from verl.trainer.rl_trainer.megatron import MegatronTrainer` is not this "
+        "package's import path",
+        "use: from verl_bridge import MegatronTrainer  # or run: verl-bridge train config.yaml",
+        weight=30,
+    ),
+)
