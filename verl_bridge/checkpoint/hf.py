@@ -1,0 +1,285 @@
+"""Hugging Face <-> Megatron checkpoint directories, offline (what ``verl-bridge convert`` runs).
+
+Import (HF safetensors dir -> Megatron save dir, iteration 0):
+
+* legacy: pure tensor sharding in one process, no process group: for every (TP, PP) rank the
+  HF tensors are converted (:func:`verl_bridge.arch.hf_to_mcore`), sharded
+  (:func:`~verl_bridge.arch.shard_for_tp`, PP stage = even layer split with local indices) and
+  written as ``mp_rank_XX[_YYY]/model_optim_rng.pt`` with ``model``, ``args``,
+  ``checkpoint_version``, ``iteration`` (no optimizer / RNG: load with Megatron-LM's
+  ``--no-load-optim --no-load-rng`` or ``--finetune``).
+* torch_dist: the layout is parallelism-agnostic (global tensors + shard metadata), so the
+  full model is built once at TP=1/PP=1 and saved through megatron.core.dist_checkpointing; the
+  requested TP sets the vocabulary padding and ``args``. dist_checkpointing needs a process
+  group, so a private world of one (gloo over a FileStore in a temp dir: no network, no
+  torchrun) is created for the duration of the call when none exists.
+
+Both carry a ``verl_bridge`` entry (``arch``, the original ``hf_config``, the HF ``vocab_size``
+and ``hf_extras`` -- HF data megatron has no place for, e.g. OPT's 2 leading position rows), so
+that export reproduces the HF tensors bit for bit. Export also works for plain Megatron-LM
+checkpoints (config.json then synthesised from ``args``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from verl_bridge.arch import get_arch, hf_to_mcore, mcore_names, mcore_to_hf, merge_tp, shard_for_tp
+from verl_bridge.arch.convert import ModelDims, padded_vocab_size, pp_layer_range, stage_names, to_global_name
+from verl_bridge.arch.hf import SafetensorsDir, dims_from_hf, load_hf_config, save_safetensors_dir
+from verl_bridge.checkpoint.layout import LEGACY_FILE, iter_dir, rank_dir_name
+from verl_bridge.checkpoint.megatron import CHECKPOINT_VERSION, begin, latest_valid_iteration, publish
+from verl_bridge.checkpoint.safe_load import CheckpointError, safe_load
+from verl_bridge.checkpoint.torch_dist import is_torch_dist_dir
+
+
+def make_args(hf, arch: str, tp: int, pp: int, padded: int) -> argparse.Namespace:
+    """Megatron-LM-style ``args`` for an HF model (the fields Megatron-LM's checks read)."""
+    spec = get_arch(arch)
+    tf, gpt = spec.mcore_config(hf)
+    return argparse.Namespace(
+        num_layers=tf["num_layers"], hidden_size=tf["hidden_size"], ffn_hidden_size=tf["ffn_hidden_size"],
+        num_attention_heads=tf["num_attention_heads"], kv_channels=tf["kv_channels"],
+        group_query_attention=tf["num_query_groups"] != tf["num_attention_heads"],
+        num_query_groups=tf["num_query_groups"], max_position_embeddings=gpt["max_sequence_length"],
+        seq_length=gpt["max_sequence_length"], position_embedding_type=gpt["position_embedding_type"],
+        use_rotary_position_embeddings=gpt["position_embedding_type"] == "rope",
+        add_position_embedding=gpt["position_embedding_type"] == "learned_absolute",
+        rotary_base=gpt["rotary_base"], normalization=tf["normalization"], norm_epsilon=tf["layernorm_epsilon"],
+        swiglu=tf["gated_linear_unit"], add_qkv_bias=tf["add_qkv_bias"], add_bias_linear=tf["add_bias_linear"],
+        untie_embeddings_and_output_weights=not gpt["share_embeddings_and_output_weights"],
+        vocab_size=hf.vocab_size, padded_vocab_size=padded, make_vocab_size_divisible_by=128,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, data_parallel_size=1,
+        params_dtype=torch.float32, fp16=False, bf16=False, apply_layernorm_1p=False,
+        hidden_dropout=0.0, attention_dropout=0.0, iteration=0,
+        hf_activation=tf["activation_func"].__name__,
+    )
+
+
+def _dims_from_args(args, vocab_size: Optional[int]) -> ModelDims:
+    heads = args.num_attention_heads
+    return ModelDims(
+        num_layers=args.num_layers, hidden_size=args.hidden_size, num_attention_heads=heads,
+        num_query_groups=(args.num_query_groups if getattr(args, "group_query_attention", False) else heads) or heads,
+        head_dim=getattr(args, "kv_channels", None) or args.hidden_size // heads,
+        ffn_hidden_size=args.ffn_hidden_size, gated_linear_unit=bool(getattr(args, "swiglu", False)),
+        vocab_size=vocab_size, padded_vocab_size=getattr(args, "padded_vocab_size", None),
+        tie_embeddings=not getattr(args, "untie_embeddings_and_output_weights", False),
+    )
+
+
+def _arch_from_args(args) -> str:
+    from verl_bridge.arch import detect_architecture
+
+    ns = argparse.Namespace(
+        normalization=getattr(args, "normalization", "LayerNorm"), gated_linear_unit=bool(getattr(args, "swiglu", False)),
+        add_qkv_bias=bool(getattr(args, "add_qkv_bias", False)), add_bias_linear=bool(getattr(args, "add_bias_linear", True)),
+        position_embedding_type=getattr(args, "position_embedding_type", "learned_absolute"),
+        rotary_base=getattr(args, "rotary_base", None), num_query_groups=getattr(args, "num_query_groups", None),
+    )
+    return detect_architecture(ns)
+
+
+def _extra_state_names(stage_local: list[str], last: bool) -> list[str]:
+    mods = sorted({n.rsplit(".", 1)[0] for n in stage_local
+                   if re.search(r"\.(linear_qkv|linear_proj|linear_fc1|linear_fc2)\.weight$", n)})
+    out = [m + "._extra_state" for m in mods]
+    if last:
+        out.append("output_layer._extra_state")
+    return out
+
+
+# ---- import -------------------------------------------------------------------------------
+
+def import_hf(hf_dir, out_dir, *, tp: int = 1, pp: int = 1, fmt: str = "legacy", iteration: int = 0) -> Path:
+    """Write the HF model in *hf_dir* as a Megatron checkpoint (TP=*tp*, PP=*pp*) under *out_dir*."""
+    hf = load_hf_config(hf_dir)
+    from verl_bridge.arch.hf import arch_of_hf
+
+    spec = arch_of_hf(hf)
+    padded = padded_vocab_size(hf.vocab_size, tp)
+    dims = dims_from_hf(hf, padded)
+    if dims.num_query_groups % tp or dims.num_attention_heads % tp:
+        raise ValueError(f"TP={tp} does not divide num_query_groups={dims.num_query_groups} "
+                         f"/ num_attention_heads={dims.num_attention_heads}")
+    pp_layer_range(dims.num_layers, pp, 0)  # raises when PP does not divide the layers
+    reader = SafetensorsDir(hf_dir)
+    args = make_args(hf, spec.name, tp, pp, padded)
+    extras: dict = {}
+    full = {n: hf_to_mcore(n, reader, spec, dims, extras=extras) for n in mcore_names(spec, dims)}
+    meta = {"arch": spec.name, "hf_config": hf.to_dict(), "vocab_size": hf.vocab_size, "hf_extras": extras}
+    if fmt == "torch_dist":
+        return _import_torch_dist(hf_dir, out_dir, args, meta, iteration, full)
+    if fmt != "legacy":
+        raise ValueError(f"checkpoint format {fmt!r} is not one of legacy, torch_dist")
+    tmp = begin(out_dir, iteration)
+    for pp_rank in range(pp):
+        names = stage_names(list(full), dims.num_layers, pp, pp_rank, dims.tie_embeddings)
+        last = pp_rank == pp - 1
+        if last and pp > 1 and dims.tie_embeddings:  # last stage keeps a copy of the tied embeddings
+            names["embedding.word_embeddings.weight#out"] = "output_layer.weight"
+        for tp_rank in range(tp):
+            model = {}
+            for g, local in names.items():
+                src = g.split("#")[0]
+                model[local] = shard_for_tp(src, full[src], tp, tp_rank, dims).clone()
+            for n in _extra_state_names(list(model), last):
+                model[n] = None
+            state = {"model": model, "args": args, "checkpoint_version": CHECKPOINT_VERSION,
+                     "iteration": iteration, "verl_bridge": meta}
+            path = tmp / rank_dir_name(tp_rank, pp_rank, pp) / LEGACY_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(state, path)
+    return publish(out_dir, tmp, iteration)
+
+
+@contextmanager
+def world_of_one():
+    """A private single-process gloo group (FileStore, no network) when none exists."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        if dist.get_world_size() != 1:
+            raise CheckpointError("offline torch_dist conversion must run in a single process")
+        yield
+        return
+    with tempfile.TemporaryDirectory() as d:
+        store = dist.FileStore(os.path.join(d, "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        try:
+            from megatron.core import parallel_state as mpu
+
+            mpu.initialize_model_parallel(1, 1)
+            try:
+                yield
+            finally:
+                mpu.destroy_model_parallel()
+        finally:
+            dist.destroy_process_group()
+
+
+def _full_tp1_model(args, arch: str):
+    from verl_bridge.arch.hf import PORTABLE_FLAGS, build_gpt_model
+    from verl_bridge.models.spec import get_portable_gpt_layer_spec
+
+    spec = get_arch(arch)
+    act = {"relu": torch.nn.functional.relu, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}
+    tf = dict(PORTABLE_FLAGS, num_layers=args.num_layers, hidden_size=args.hidden_size,
+              num_attention_heads=args.num_attention_heads,
+              num_query_groups=args.num_query_groups if args.group_query_attention else args.num_attention_heads,
+              kv_channels=args.kv_channels, ffn_hidden_size=args.ffn_hidden_size, normalization=args.normalization,
+              layernorm_epsilon=args.norm_epsilon, gated_linear_unit=args.swiglu,
+              activation_func=act[getattr(args, "hf_activation", "silu" if args.swiglu else "gelu")],
+              add_bias_linear=args.add_bias_linear, add_qkv_bias=args.add_qkv_bias)
+    gpt = dict(vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
+               position_embedding_type=args.position_embedding_type, rotary_base=args.rotary_base,
+               share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+               transformer_layer_spec=get_portable_gpt_layer_spec(args.normalization))
+    del spec
+    return build_gpt_model(tf, gpt, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+
+
+def _import_torch_dist(hf_dir, out_dir, args, meta, iteration, full) -> Path:
+    from verl_bridge.checkpoint.megatron import save
+
+    with world_of_one():
+        model = _full_tp1_model(args, meta["arch"])
+        sd = model.state_dict()
+        with torch.no_grad():
+            for name, t in sd.items():
+                if name.endswith("._extra_state") or t is None:
+                    continue
+                t.copy_(full[name])
+        return save(out_dir, iteration, {"model": model, "args": args, "checkpoint_version": CHECKPOINT_VERSION,
+                                         "verl_bridge": meta}, fmt="torch_dist")
+
+
+# ---- export -------------------------------------------------------------------------------
+
+def _rank_files(d: Path) -> dict[tuple[int, int], Path]:
+    out = {}
+    for rd in d.iterdir():
+        m = re.match(r"^mp_rank_(\d+)(?:_(\d+))?$", rd.name)
+        if m and (rd / LEGACY_FILE).is_file():
+            out[(int(m.group(1)), int(m.group(2) or 0))] = rd / LEGACY_FILE
+    return out
+
+
+def read_full_megatron(src_dir, iteration=None) -> tuple[dict, argparse.Namespace, dict]:
+    """(full TP-merged state dict with global names, args, verl_bridge metadata) of a checkpoint."""
+    src_dir = Path(src_dir)
+    if iteration is None:
+        iteration = latest_valid_iteration(src_dir)
+        if iteration is None:
+            raise CheckpointError(f"no valid checkpoint in {src_dir}")
+    d = iter_dir(src_dir, iteration)
+    if is_torch_dist_dir(d):
+        from megatron.core import dist_checkpointing
+
+        from verl_bridge.checkpoint.megatron import load
+        from verl_bridge.checkpoint.safe_load import safe_globals
+
+        with world_of_one():
+            with torch.serialization.safe_globals(safe_globals()):
+                common = dist_checkpointing.load_common_state_dict(str(d))
+            args = common["args"]
+            meta = common.get("verl_bridge", {})
+            model = _full_tp1_model(args, meta.get("arch") or _arch_from_args(args))
+            load(src_dir, iteration, model=model)
+            full = {k: v.detach().clone() for k, v in model.state_dict().items()
+                    if not k.endswith("._extra_state") and v is not None}
+        return full, args, meta
+    files = _rank_files(d)
+    if not files:
+        raise CheckpointError(f"{d} holds neither a legacy (mp_rank_*) nor a torch_dist checkpoint")
+    tp = 1 + max(t for t, _ in files)
+    pp = 1 + max(p for _, p in files)
+    states = {k: safe_load(v) for k, v in files.items()}
+    args = states[(0, 0)]["args"]
+    meta = states[(0, 0)].get("verl_bridge", {})
+    per_stage = args.num_layers // pp
+    tie = not getattr(args, "untie_embeddings_and_output_weights", False)
+    full: dict = {}
+    for p in range(pp):
+        names = [n for n, t in states[(0, p)]["model"].items() if t is not None and not n.endswith("._extra_state")]
+        for local in names:
+            if local == "output_layer.weight" and tie:
+                continue  # the last stage's copy of the tied embeddings
+            g = to_global_name(local, p * per_stage)
+            shards = [states[(t, p)]["model"][local] for t in range(tp)]
+            full[g] = merge_tp(g, shards, argparse.Namespace(gated_linear_unit=bool(getattr(args, "swiglu", False))))
+    return full, args, meta
+
+
+def _describe(args, vocab_size: int) -> dict:
+    return dict(num_layers=args.num_layers, hidden_size=args.hidden_size, num_attention_heads=args.num_attention_heads,
+                num_query_groups=args.num_query_groups if getattr(args, "group_query_attention", False)
+                else args.num_attention_heads,
+                head_dim=getattr(args, "kv_channels", None) or args.hidden_size // args.num_attention_heads,
+                ffn_hidden_size=args.ffn_hidden_size, vocab_size=vocab_size,
+                max_position_embeddings=args.max_position_embeddings, norm_eps=getattr(args, "norm_epsilon", 1e-5),
+                rotary_base=getattr(args, "rotary_base", 10000), tie_embeddings=not args.untie_embeddings_and_output_weights)
+
+
+def export_hf(src_dir, out_dir, *, iteration=None, arch: Optional[str] = None, vocab_size: Optional[int] = None) -> Path:
+    """Write a Megatron checkpoint (either layout, any TP/PP) as an HF safetensors dir + config.json."""
+    full, args, meta = read_full_megatron(src_dir, iteration)
+    spec = get_arch(arch or meta.get("arch") or _arch_from_args(args))
+    vocab = vocab_size or meta.get("vocab_size") or getattr(args, "vocab_size", None) or args.padded_vocab_size
+    dims = _dims_from_args(args, vocab)
+    extras = meta.get("hf_extras") or {}
+    tensors: dict = {}
+    for name, t in full.items():
+        for hf_name, ht in mcore_to_hf(name, t, spec, dims, extras=extras):
+            tensors[hf_name] = ht
+    config = meta.get("hf_config") or spec.hf_config(_describe(args, vocab))
+    save_safetensors_dir(tensors, config, out_dir)
+    return Path(out_dir)

@@ -1,0 +1,100 @@
+"""Megatron-LM checkpoint directory layout and atomic file helpers.
+
+::
+
+    <save_dir>/latest_checkpointed_iteration.txt     "100" (or "release"), written last
+    <save_dir>/iter_0000100/                          legacy:
+        mp_rank_00/model_optim_rng.pt                   PP == 1 (TP rank 00)
+        mp_rank_00_000/model_optim_rng.pt               PP > 1  (TP rank 00, PP rank 000)
+    <save_dir>/iter_0000100/                          torch_dist (megatron.core.dist_checkpointing):
+        metadata.json  common.pt  .metadata  __<rank>_<n>.distcp
+    <save_dir>/iter_0000100.tmp-<token>/              a save in progress (never read)
+
+Names follow Megatron-LM's ``get_checkpoint_name`` / ``get_checkpoint_tracker_filename``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Union
+
+TRACKER = "latest_checkpointed_iteration.txt"
+LEGACY_FILE = "model_optim_rng.pt"
+TMP_MARK = ".tmp-"
+
+
+def iter_dir(save_dir, iteration: Union[int, str]) -> Path:
+    name = "release" if iteration == "release" else f"iter_{int(iteration):07d}"
+    return Path(save_dir) / name
+
+
+def rank_dir_name(tp_rank: int, pp_rank: int, pp_size: int) -> str:
+    return f"mp_rank_{tp_rank:02d}" if pp_size == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+
+
+def legacy_file(save_dir, iteration, tp_rank: int, pp_rank: int, pp_size: int) -> Path:
+    return iter_dir(save_dir, iteration) / rank_dir_name(tp_rank, pp_rank, pp_size) / LEGACY_FILE
+
+
+def read_tracker(save_dir) -> Optional[Union[int, str]]:
+    path = Path(save_dir) / TRACKER
+    if not path.is_file():
+        return None
+    text = path.read_text().strip()
+    if text == "release":
+        return "release"
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def fsync_dir(path) -> None:
+    try:
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path, text: str) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_tree(root) -> None:
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            try:
+                with open(os.path.join(dirpath, name), "rb") as f:
+                    os.fsync(f.fileno())
+            except OSError:
+                pass
+        fsync_dir(dirpath)
+
+
+def list_iterations(save_dir) -> list[int]:
+    """Completed (renamed) ``iter_*`` directories, newest first."""
+    out = []
+    root = Path(save_dir)
+    if not root.is_dir():
+        return out
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith("iter_") and TMP_MARK not in p.name:
+            try:
+                out.append(int(p.name[len("iter_"):]))
+            except ValueError:
+                continue
+    return sorted(out, reverse=True)

@@ -1,0 +1,362 @@
+"""Per-rank, collective save / load of ONE model's Megatron-LM checkpoint directory.
+
+The trainer keeps the actor and the critic in ``<output_dir>/checkpoints/actor`` and
+``.../critic``, each a plain Megatron-LM save dir (layout: :mod:`verl_bridge.checkpoint.layout`).
+
+``state`` (what :func:`save` takes and :func:`load` returns)::
+
+    model               nn.Module (GPTModel) or its state dict (legacy) / sharded state dict
+                        (torch_dist). load() returns the plain state dict (and loads it into
+                        ``model=`` when given).
+    optimizer           optimizer.state_dict() (per rank)
+    opt_param_scheduler scheduler state dict
+    rng_state           list with one dict per rank, Megatron-LM style: random_rng_state,
+                        np_rng_state, torch_rng_state[, cuda_rng_state, rng_tracker_states]
+                        (see :func:`capture_rng_state` / :func:`restore_rng_state`)
+    args                argparse.Namespace (tensor_model_parallel_size, ... as Megatron-LM's)
+    iteration, checkpoint_version (3.0 as Megatron-LM)
+    ...                 any extra trainer state (data position, adaptive-KL state, ...)
+
+Legacy: ranks with DP rank 0 each write ``mp_rank_XX[_YYY]/model_optim_rng.pt`` with these
+keys. torch_dist: the model (and nothing else) as ShardedTensors; ``optimizer`` and
+``rng_state`` as per-(PP, TP)-rank ShardedObjects (replica = DP rank; Megatron-LM stores its
+``rng_state`` the same way); everything else in ``common.pt``. Written with
+:class:`~verl_bridge.checkpoint.torch_dist.SyncTorchDistSaveStrategy` (CPU-safe).
+
+Crash safety: every rank writes under ``iter_XXXXXXX.tmp-save``; after a barrier rank 0 fsyncs,
+renames it to ``iter_XXXXXXX``, then rewrites ``latest_checkpointed_iteration.txt`` (atomic
+replace), then prunes to ``keep_last``. A run killed at any point leaves the previous complete
+checkpoint visible. :func:`latest_valid_iteration` skips unfinished and corrupted iterations
+(CRC check of every file of the legacy layout / torch_dist's common.pt and metadata), so
+``resume: auto`` falls back to the previous good one.
+
+Without torch.distributed initialised everything runs as a world of one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from verl_bridge.checkpoint.layout import (
+    LEGACY_FILE,
+    TMP_MARK,
+    TRACKER,
+    atomic_write_text,
+    fsync_dir,
+    fsync_tree,
+    iter_dir,
+    list_iterations,
+    rank_dir_name,
+)
+from verl_bridge.checkpoint.safe_load import CheckpointError, CorruptCheckpointError, safe_globals, safe_load
+from verl_bridge.checkpoint.torch_dist import SyncTorchDistSaveStrategy, is_torch_dist_dir
+
+log = logging.getLogger(__name__)
+CHECKPOINT_VERSION = 3.0
+SHARDED_OBJECT_KEYS = ("optimizer", "rng_state")
+FORMATS = ("legacy", "torch_dist")
+
+
+# ---- rank bookkeeping ---------------------------------------------------------------------
+
+def _dist() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _barrier() -> None:
+    if _dist():
+        torch.distributed.barrier()
+
+
+def _ranks(args=None) -> dict:
+    """tp/pp/dp rank and size of this process (megatron parallel state, else args, else 1)."""
+    try:
+        from megatron.core import parallel_state as mpu
+
+        if mpu.model_parallel_is_initialized():
+            return dict(
+                tp_rank=mpu.get_tensor_model_parallel_rank(), tp_size=mpu.get_tensor_model_parallel_world_size(),
+                pp_rank=mpu.get_pipeline_model_parallel_rank(), pp_size=mpu.get_pipeline_model_parallel_world_size(),
+                dp_rank=mpu.get_data_parallel_rank(), rank=torch.distributed.get_rank(),
+            )
+    except Exception:  # noqa: BLE001 - no megatron state: a world of one
+        pass
+    return dict(tp_rank=0, tp_size=getattr(args, "tensor_model_parallel_size", 1) or 1, pp_rank=0,
+                pp_size=getattr(args, "pipeline_model_parallel_size", 1) or 1, dp_rank=0,
+                rank=torch.distributed.get_rank() if _dist() else 0)
+
+
+# ---- RNG state ----------------------------------------------------------------------------
+
+def capture_rng_state() -> list[dict]:
+    """This rank's RNG state in Megatron-LM's ``rng_state`` shape (a one-element list)."""
+    import numpy as np
+
+    state = {
+        "random_rng_state": random.getstate(),
+        "np_rng_state": np.random.get_state(),
+        "torch_rng_state": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda_rng_state"] = torch.cuda.get_rng_state()
+        from megatron.core import tensor_parallel
+
+        state["rng_tracker_states"] = tensor_parallel.get_cuda_rng_tracker().get_states()
+    return [state]
+
+
+def restore_rng_state(rng_state) -> None:
+    import numpy as np
+
+    state = rng_state[0] if isinstance(rng_state, (list, tuple)) else rng_state
+    random.setstate(state["random_rng_state"])
+    np.random.set_state(state["np_rng_state"])
+    torch.set_rng_state(state["torch_rng_state"])
+    if torch.cuda.is_available() and "cuda_rng_state" in state:
+        torch.cuda.set_rng_state(state["cuda_rng_state"])
+        if state.get("rng_tracker_states") is not None:
+            from megatron.core import tensor_parallel
+
+            tensor_parallel.get_cuda_rng_tracker().set_states(state["rng_tracker_states"])
+
+
+# ---- save ---------------------------------------------------------------------------------
+
+def _model_state_dict(model) -> dict:
+    if isinstance(model, torch.nn.Module):
+        fn = getattr(model, "state_dict_for_save_checkpoint", None)
+        return fn() if fn is not None else model.state_dict()
+    return model
+
+
+def _write_legacy(tmp: Path, state: dict, ranks: dict) -> None:
+    if ranks["dp_rank"] != 0:
+        return
+    payload = dict(state)
+    payload["model"] = _model_state_dict(state["model"])
+    payload.setdefault("checkpoint_version", CHECKPOINT_VERSION)
+    path = tmp / rank_dir_name(ranks["tp_rank"], ranks["pp_rank"], ranks["pp_size"]) / LEGACY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+
+
+def _sharded_objects(state: dict, ranks: dict) -> dict:
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    out = {}
+    for key in SHARDED_OBJECT_KEYS:
+        if state.get(key) is not None:
+            out[key] = ShardedObject(key, state[key], (ranks["pp_size"], ranks["tp_size"]),
+                                     (ranks["pp_rank"], ranks["tp_rank"]), replica_id=ranks["dp_rank"])
+    return out
+
+
+def _write_torch_dist(tmp: Path, state: dict, ranks: dict) -> None:
+    from megatron.core import dist_checkpointing
+
+    model = state["model"]
+    sharded = {k: v for k, v in state.items() if k not in ("model",) + SHARDED_OBJECT_KEYS}
+    sharded["model"] = model.sharded_state_dict() if isinstance(model, torch.nn.Module) else model
+    sharded.update(_sharded_objects(state, ranks))
+    sharded.setdefault("checkpoint_version", CHECKPOINT_VERSION)
+    sharded["verl_bridge_sharded_objects"] = [k for k in SHARDED_OBJECT_KEYS if state.get(k) is not None]
+    dist_checkpointing.save(sharded, str(tmp), sharded_strategy=SyncTorchDistSaveStrategy())
+
+
+def save(save_dir, iteration: int, state: dict, *, fmt: str = "legacy", keep_last: Optional[int] = None) -> Path:
+    """Collective save of *state* as iteration *iteration* under *save_dir*; returns the iter dir.
+
+    Every rank calls it. See the module docstring for the layout and the crash-safety steps.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"checkpoint format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if "model" not in state:
+        raise ValueError("checkpoint state needs a 'model' entry")
+    ranks = _ranks(state.get("args"))
+    save_dir = Path(save_dir)
+    final = iter_dir(save_dir, iteration)
+    tmp = final.with_name(final.name + TMP_MARK + "save")
+    state = {**state, "iteration": iteration}
+    if ranks["rank"] == 0:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)  # leftover of a killed save
+        tmp.mkdir()
+    _barrier()
+    if fmt == "legacy":
+        _write_legacy(tmp, state, ranks)
+    else:
+        _write_torch_dist(tmp, state, ranks)
+    _barrier()
+    if ranks["rank"] == 0:
+        publish(save_dir, tmp, iteration, keep_last)
+    _barrier()
+    return final
+
+
+def begin(save_dir, iteration) -> Path:
+    """Fresh temporary directory for iteration *iteration* (single-process writers)."""
+    final = iter_dir(save_dir, iteration)
+    tmp = final.with_name(final.name + TMP_MARK + "save")
+    Path(save_dir).mkdir(parents=True, exist_ok=True)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+
+def publish(save_dir, tmp: Path, iteration, keep_last: Optional[int] = None) -> Path:
+    """fsync *tmp*, rename it to ``iter_XXXXXXX``, then write the tracker, then prune."""
+    save_dir = Path(save_dir)
+    final = iter_dir(save_dir, iteration)
+    fsync_tree(tmp)
+    if final.exists():  # re-saving an iteration: move the old one aside first
+        old = final.with_name(final.name + TMP_MARK + "old")
+        if old.exists():
+            shutil.rmtree(old)
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, final)
+    fsync_dir(save_dir)
+    atomic_write_text(save_dir / TRACKER, f"{iteration}\n")
+    if keep_last is not None and keep_last > 0:
+        for old_iter in list_iterations(save_dir)[keep_last:]:
+            shutil.rmtree(iter_dir(save_dir, old_iter), ignore_errors=True)
+    return final
+
+
+# ---- validation ---------------------------------------------------------------------------
+
+def _check_zip(path: Path) -> None:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            bad = zf.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise CorruptCheckpointError(f"checkpoint file {path} is truncated or corrupted: {exc}") from None
+    if bad is not None:
+        raise CorruptCheckpointError(f"checkpoint file {path} is corrupted (CRC mismatch in {bad})")
+
+
+def validate_iteration(load_dir, iteration) -> None:
+    """Raise :class:`CorruptCheckpointError` (naming the file) unless the iteration looks complete."""
+    d = iter_dir(load_dir, iteration)
+    if not d.is_dir():
+        raise CorruptCheckpointError(f"checkpoint directory {d} is missing")
+    if is_torch_dist_dir(d):
+        for name in ("common.pt", ".metadata"):
+            if not (d / name).is_file():
+                raise CorruptCheckpointError(f"checkpoint file {d / name} is missing")
+        _check_zip(d / "common.pt")
+        if not list(d.glob("*.distcp")):
+            raise CorruptCheckpointError(f"checkpoint directory {d} has no .distcp files")
+        return
+    rank_dirs = sorted(p for p in d.iterdir() if p.is_dir() and p.name.startswith("mp_rank_"))
+    if not rank_dirs:
+        raise CorruptCheckpointError(f"checkpoint directory {d} has no mp_rank_* directories")
+    for rd in rank_dirs:
+        if not (rd / LEGACY_FILE).is_file():
+            raise CorruptCheckpointError(f"checkpoint file {rd / LEGACY_FILE} is missing")
+        _check_zip(rd / LEGACY_FILE)
+
+
+def latest_valid_iteration(load_dir) -> Optional[int]:
+    """Newest complete, uncorrupted iteration under *load_dir* (None if there is none).
+
+    Unfinished saves (``*.tmp-*``) are never considered; corrupted ones are skipped with a
+    warning naming the file.
+    """
+    for it in list_iterations(load_dir):
+        try:
+            validate_iteration(load_dir, it)
+            return it
+        except CorruptCheckpointError as exc:
+            log.warning("skipping checkpoint iteration %d: %s", it, exc)
+    return None
+
+
+# ---- load ---------------------------------------------------------------------------------
+
+def _legacy_path(load_dir, iteration, ranks) -> Path:
+    d = iter_dir(load_dir, iteration)
+    candidates = [d / rank_dir_name(ranks["tp_rank"], ranks["pp_rank"], ranks["pp_size"]) / LEGACY_FILE,
+                  d / f"mp_rank_{ranks['tp_rank']:02d}_{ranks['pp_rank']:03d}" / LEGACY_FILE,
+                  d / f"mp_rank_{ranks['tp_rank']:02d}" / LEGACY_FILE]
+    for c in candidates:
+        if c.is_file():
+            return c
+    return candidates[0]
+
+
+def _load_torch_dist(d: Path, model, ranks: dict, strict: bool) -> dict:
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    if model is None or not isinstance(model, torch.nn.Module):
+        raise CheckpointError(f"loading the torch_dist checkpoint {d} needs model= (its sharded state dict)")
+    try:
+        with torch.serialization.safe_globals(safe_globals()):
+            common = dist_checkpointing.load_common_state_dict(str(d))
+    except Exception as exc:  # noqa: BLE001
+        raise CorruptCheckpointError(f"checkpoint file {d / 'common.pt'} is truncated or corrupted: {exc}") from None
+    keys = common.get("verl_bridge_sharded_objects", ["rng_state"])
+    sharded = {"model": model.sharded_state_dict()}
+    for key in keys:
+        sharded[key] = ShardedObject(key, None, (ranks["pp_size"], ranks["tp_size"]),
+                                     (ranks["pp_rank"], ranks["tp_rank"]), replica_id=ranks["dp_rank"])
+    try:
+        with torch.serialization.safe_globals(safe_globals()):
+            loaded = dist_checkpointing.load(sharded, str(d))
+    except Exception as exc:  # noqa: BLE001
+        raise CorruptCheckpointError(f"torch_dist checkpoint {d} could not be read: {exc}") from None
+    model.load_state_dict(loaded["model"], strict=strict)
+    loaded.pop("verl_bridge_sharded_objects", None)
+    return loaded
+
+
+def load(load_dir, iteration: Optional[int] = None, *, model=None, strict: bool = True) -> dict:
+    """This rank's state of iteration *iteration* (newest valid one when None).
+
+    With ``model=`` the weights are also loaded into it (required for torch_dist, whose tensors
+    are read through the model's sharded state dict, resharding across TP/PP as needed).
+    When *iteration* is None and the newest checkpoint turns out unreadable, falls back to the
+    previous valid one (logged). Raises :class:`CheckpointError` when nothing can be loaded.
+    """
+    load_dir = Path(load_dir)
+    auto = iteration is None
+    tried: list[str] = []
+    candidates = [iteration] if not auto else list_iterations(load_dir)
+    for it in candidates:
+        try:
+            if auto:
+                validate_iteration(load_dir, it)
+            d = iter_dir(load_dir, it)
+            ranks = _ranks()
+            if is_torch_dist_dir(d):
+                state = _load_torch_dist(d, model, ranks, strict)
+            else:
+                state = safe_load(_legacy_path(load_dir, it, ranks))
+                if model is not None:
+                    model.load_state_dict(state["model"], strict=strict)
+            return state
+        except CorruptCheckpointError as exc:
+            if not auto:
+                raise
+            tried.append(str(exc))
+            log.warning("checkpoint iteration %s unusable, falling back: %s", it, exc)
+    detail = ("; ".join(tried)) if tried else "no iter_* directories"
+    raise CheckpointError(f"no loadable checkpoint in {load_dir} ({detail})")

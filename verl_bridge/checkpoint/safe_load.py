@@ -1,0 +1,93 @@
+"""Safe loading of Megatron checkpoint files: ``torch.load(weights_only=True)`` plus an allowlist.
+
+Megatron-LM's ``model_optim_rng.pt`` and torch_dist ``common.pt`` hold, besides tensors and
+plain containers: ``argparse.Namespace`` (``args``), numpy RNG state (``np.random.get_state()``:
+an ndarray of uint32), ``pathlib`` paths inside args, and megatron-core enums that args or
+``_extra_state`` may carry (ModelType, AttnBackend, AttnMaskType). Those, and only those, are
+allowlisted in :data:`SAFE_GLOBALS`. A file that needs anything else is refused with a message
+naming the type; ``trust=True`` loads it with full unpickling, and says so in a warning.
+
+A truncated or corrupted file raises :class:`CorruptCheckpointError` naming the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import pickle
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Iterable
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be read; the message names the file and what to do."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint file is truncated, corrupted or missing."""
+
+
+def _safe_globals() -> list:
+    import numpy as np
+
+    found: list = [argparse.Namespace, pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath,
+                   pathlib.PureWindowsPath]
+    # numpy RNG state (Megatron-LM rng_state['np_rng_state'])
+    try:
+        from numpy.core.multiarray import _reconstruct  # numpy < 2 path, kept as alias in 2.x
+    except ImportError:  # pragma: no cover
+        from numpy._core.multiarray import _reconstruct
+    found += [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32)), type(np.dtype(np.int64)),
+              type(np.dtype(np.float64)), type(np.dtype(np.float32)), type(np.dtype(np.bool_))]
+    for mod, names in (
+        ("megatron.core.enums", ("ModelType",)),
+        ("megatron.core.transformer.enums", ("AttnBackend", "AttnMaskType", "AttnType", "LayerType")),
+    ):
+        try:
+            module = __import__(mod, fromlist=list(names))
+        except Exception:  # noqa: BLE001 - megatron not importable: nothing to allow
+            continue
+        found += [getattr(module, n) for n in names if hasattr(module, n)]
+    return found
+
+
+SAFE_GLOBALS = None  # filled lazily by safe_globals()
+
+
+def safe_globals() -> list:
+    global SAFE_GLOBALS
+    if SAFE_GLOBALS is None:
+        SAFE_GLOBALS = _safe_globals()
+    return SAFE_GLOBALS
+
+
+def safe_load(path, *, extra_globals: Iterable = (), trust: bool = False, map_location="cpu"):
+    """``torch.load`` of *path* with ``weights_only=True`` and the Megatron allowlist.
+
+    Raises :class:`CorruptCheckpointError` for a missing / truncated / corrupted file and
+    :class:`CheckpointError` for a file needing a type outside the allowlist.
+    """
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise CorruptCheckpointError(f"checkpoint file {path} is missing")
+    if trust:
+        warnings.warn(f"loading {path} with weights_only=False: arbitrary objects are unpickled", stacklevel=2)
+        return torch.load(path, map_location=map_location, weights_only=False)
+    try:
+        with torch.serialization.safe_globals(list(safe_globals()) + list(extra_globals)):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        msg = str(exc)
+        if "Unsupported global" in msg or "not an allowed global" in msg or "GLOBAL" in msg:
+            first = msg.strip().splitlines()[0][:300]
+            raise CheckpointError(
+                f"checkpoint file {path} contains a type outside verl-bridge's safe-loading allowlist "
+                f"({first}). If you trust this file, pass it via extra_globals or load with trust=True."
+            ) from None
+        raise CorruptCheckpointError(f"checkpoint file {path} is truncated or corrupted: {exc}") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError) as exc:
+        raise CorruptCheckpointError(f"checkpoint file {path} is truncated or corrupted: {exc}") from None
