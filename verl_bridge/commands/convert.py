@@ -1,0 +1,45 @@
+"""``verl-bridge convert SRC DST --to megatron|hf``: offline checkpoint conversion.
+
+HF -> Megatron writes a Megatron-LM save dir (iteration 0) at the requested TP/PP; Megatron ->
+HF writes ``model.safetensors`` + ``config.json``. No torchrun, no process groups for the
+legacy layout (pure tensor sharding); torch_dist uses a private single-process group.
+"""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("convert")
+@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.argument("dst", type=click.Path(file_okay=False))
+@click.option("--to", "to", type=click.Choice(["megatron", "hf"]), required=True, help="Target layout.")
+@click.option("--format", "fmt", type=click.Choice(["legacy", "torch_dist"]), default="legacy",
+              show_default=True, help="Megatron layout to write (with --to megatron).")
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size to shard for.")
+@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel size to shard for.")
+@click.option("--iteration", type=int, default=None, help="Megatron iteration to export (default: newest valid).")
+def convert(src, dst, to, fmt, tp, pp, iteration):
+    """Convert SRC (HF safetensors dir or Megatron save dir) into DST."""
+    if tp < 1 or pp < 1:
+        raise click.UsageError(f"--tp={tp} and --pp={pp} must be >= 1")
+    from pathlib import Path
+
+    try:
+        if to == "megatron":
+            from verl_bridge.checkpoint.hf import import_hf
+
+            out = import_hf(src, dst, tp=tp, pp=pp, fmt=fmt)
+            click.echo(f"wrote Megatron {fmt} checkpoint (TP={tp}, PP={pp}) to {out}")
+        else:
+            from verl_bridge.checkpoint.hf import export_hf
+
+            if (Path(src) / "config.json").is_file() and not (Path(src) / "latest_checkpointed_iteration.txt").exists():
+                raise click.UsageError(f"{src} looks like a Hugging Face directory already; use --to megatron")
+            out = export_hf(src, dst, iteration=iteration)
+            click.echo(f"wrote Hugging Face safetensors + config.json to {out}")
+    except click.ClickException:
+        raise
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as exc:
+        raise click.ClickException(f"conversion of {src} failed: {exc}") from None
+    return 0
