@@ -83,10 +83,13 @@ def safe_load(path, *, extra_globals: Iterable = (), trust: bool = False, map_lo
     except pickle.UnpicklingError as exc:
         msg = str(exc)
         if "Unsupported global" in msg or "not an allowed global" in msg or "GLOBAL" in msg:
-            first = msg.strip().splitlines()[0][:300]
+            import re
+
+            found = re.search(r"GLOBAL\s+([\w.]+)", msg)
+            what = found.group(1) if found else "an unknown type"
             raise CheckpointError(
-                f"checkpoint file {path} contains a type outside verl-bridge's safe-loading allowlist "
-                f"({first}). If you trust this file, pass it via extra_globals or load with trust=True."
+                f"checkpoint file {path} contains {what}, a type outside verl-bridge's safe-loading "
+                "allowlist. If you trust this file, pass the type via extra_globals or load with trust=True."
             ) from None
         raise CorruptCheckpointError(f"checkpoint file {path} is truncated or corrupted: {exc}") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError) as exc:
