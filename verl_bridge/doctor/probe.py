@@ -92,6 +92,21 @@ class StepResult:
         return self.error
 
 
+def _interpreter_flags() -> list[str]:
+    """Run probes under the same interpreter configuration as the doctor (-S, -s, -E, -I)."""
+    flags = []
+    if sys.flags.isolated:
+        flags.append("-I")
+    else:
+        if sys.flags.ignore_environment:
+            flags.append("-E")
+        if sys.flags.no_user_site:
+            flags.append("-s")
+    if sys.flags.no_site:
+        flags.append("-S")
+    return flags
+
+
 class Probe:
     def __init__(self, name: str, steps: list[Step]) -> None:
         self.name = name
@@ -111,7 +126,7 @@ class Probe:
         self._t0 = time.monotonic()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", _CHILD, json.dumps([s.to_json() for s in self.steps])],
+                [sys.executable, *_interpreter_flags(), "-c", _CHILD, json.dumps([s.to_json() for s in self.steps])],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=env, start_new_session=True,
             )

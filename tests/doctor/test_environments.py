@@ -1,0 +1,313 @@
+"""The doctor on real (fake-package) broken environments, run as a subprocess.
+
+Every scenario starts from a healthy environment and breaks one thing, then asserts the status
+of every check and the exit code.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from verl_bridge.doctor import CHECK_IDS
+
+from .fakeenv import FakeEnv
+
+ALL_OK = {cid: "ok" for cid in CHECK_IDS}
+
+
+def statuses(run) -> dict[str, str]:
+    return {cid: c["status"] for cid, c in run.checks().items()}
+
+
+def expect(run, rc: int, **changed: str) -> dict[str, dict]:
+    want = dict(ALL_OK)
+    want.update({k.replace("_", "-"): v for k, v in changed.items()})
+    assert statuses(run) == want, run
+    assert run.rc == rc, run
+    checks = run.checks()
+    for c in checks.values():
+        assert set(c) == {"id", "status", "summary", "fix", "evidence"}
+        if c["status"] != "ok":
+            assert c["fix"].strip(), f"{c['id']} has a problem but no fix: {c}"
+    return checks
+
+
+def test_healthy_environment(fake: FakeEnv):
+    fake.healthy()
+    run = fake.run("--json")
+    checks = expect(run, 0)
+    assert [c["id"] for c in run.json()["checks"]] == list(CHECK_IDS)
+    assert "0.13.1" in checks["megatron-core"]["summary"]
+    assert fake.run("--json", "--strict").rc == 0
+    text = fake.run()
+    assert text.rc == 0 and "✓ megatron-core" in text.out and "fix:" not in text.out
+
+
+def test_shadowing_pypi_megatron_package(fake: FakeEnv):
+    fake.healthy()
+    first = fake.new_path("user-site")
+    fake.dist("megatron", "0.5.1", where=first)
+    fake.file("megatron/__init__.py", "# the feature-engineering graph library\n", where=first)
+    run = fake.run("--json", "-v")
+    checks = expect(run, 1, megatron_namespace="error", megatron_core="error", megatron_training="warn")
+    ns = checks["megatron-namespace"]
+    assert "regular package" in ns["summary"] and str(first / "megatron") in ns["summary"]
+    assert "megatron` 0.5.1" in ns["summary"]
+    assert "pip uninstall -y megatron" in ns["fix"]
+    assert "hidden" in checks["megatron-core"]["summary"]
+
+
+def test_stale_megatron_lm_checkout_shadows(fake: FakeEnv):
+    fake.healthy()
+    checkout = fake.new_path("Megatron-LM")
+    fake.file("pretrain_gpt.py", "", where=checkout)
+    fake.file("megatron/__init__.py", "from .global_vars import get_args\n", where=checkout)
+    checks = expect(fake.run("--json"), 1, megatron_namespace="error", megatron_core="error",
+                    megatron_training="warn")
+    assert "Megatron-LM checkout" in checks["megatron-namespace"]["summary"]
+    assert "PYTHONPATH" in checks["megatron-namespace"]["fix"]
+
+
+def test_namespace_split_over_wheel_and_checkout(fake: FakeEnv):
+    fake.torch()
+    fake.dist("nvidia-nccl-cu12", "2.21.5")
+    fake.dist("verl-bridge", "0.1.0")
+    fake.megatron_core(training=False)
+    checkout = fake.new_path("Megatron-LM")
+    fake.file("megatron/training/__init__.py", "", where=checkout)
+    checks = expect(fake.run("--json"), 0, megatron_namespace="warn")
+    summary = checks["megatron-namespace"]["summary"]
+    assert str(checkout / "megatron") in summary and str(fake.site / "megatron") in summary
+    assert fake.run("--json", "--strict").rc == 1
+
+
+def test_old_megatron_core(fake: FakeEnv):
+    fake.torch()
+    fake.dist("nvidia-nccl-cu12", "2.21.5")
+    fake.dist("verl-bridge", "0.1.0")
+    fake.megatron_core("0.8.0")
+    checks = expect(fake.run("--json"), 1, megatron_core="error")
+    assert "0.8.0" in checks["megatron-core"]["summary"]
+    assert ">=0.12,<0.20" in checks["megatron-core"]["summary"]
+    assert 'pip install "megatron-core>=0.12,<0.20"' in checks["megatron-core"]["fix"]
+
+
+def test_metadata_and_files_disagree(fake: FakeEnv):
+    fake.healthy()
+    other = fake.new_path("checkout")
+    fake.file("megatron/core/__init__.py", "", where=other)
+    fake.file("megatron/core/package_info.py", "__version__ = '0.11.0'\n", where=other)
+    checks = expect(fake.run("--json"), 1, megatron_core="error", megatron_namespace="warn")
+    assert "0.13.1" in checks["megatron-core"]["summary"] and "0.11.0" in checks["megatron-core"]["summary"]
+
+
+def test_megatron_training_missing_warns(fake: FakeEnv):
+    fake.torch()
+    fake.dist("nvidia-nccl-cu12", "2.21.5")
+    fake.dist("verl-bridge", "0.1.0")
+    fake.megatron_core("0.15.0", training=False)
+    checks = expect(fake.run("--json"), 0, megatron_training="warn")
+    assert "core_r0.15.0" in checks["megatron-training"]["fix"]
+    assert "PYTHONPATH" in checks["megatron-training"]["fix"]
+
+
+def test_broken_megatron_core_import(fake: FakeEnv):
+    fake.healthy()
+    fake.file("megatron/core/__init__.py",
+              "from megatron.core.parallel_state import get_data_modulo_expert_parallel_rank\n")
+    checks = expect(fake.run("--json"), 1, megatron_core="error")
+    s = checks["megatron-core"]["summary"]
+    assert "import megatron.core" in s and "get_data_modulo_expert_parallel_rank" in s
+
+
+def test_broken_torch_import_with_nccl_symbol(fake: FakeEnv):
+    fake.healthy()
+    fake.torch(body="raise ImportError('/x/site-packages/torch/lib/libtorch_cuda.so: undefined symbol: ncclCommRegister')")
+    checks = expect(fake.run("--json"), 1, torch="error")
+    assert "ncclCommRegister" in checks["torch"]["summary"] and "NCCL" in checks["torch"]["summary"]
+
+
+def test_hanging_import_is_cut_at_the_deadline(fake: FakeEnv):
+    fake.healthy()
+    fake.file("megatron/core/__init__.py", "import time\ntime.sleep(60)\n")
+    run = fake.run("--json", "--timeout", "1.5")
+    checks = expect(run, 0, megatron_core="warn")
+    assert "not verified" in checks["megatron-core"]["summary"]
+    assert run.elapsed < 10, run
+
+
+def test_vllm_pinned_to_another_torch(fake: FakeEnv):
+    fake.healthy()
+    fake.dist("vllm", "0.6.3", ["torch==2.4.0", "xformers==0.0.27.post2"])
+    fake.file("vllm/__init__.py", "")
+    fake.file("vllm/_C.py", "raise ImportError('/x/site-packages/vllm/_C.abi3.so: undefined symbol: "
+                            "_ZN3c106ivalue14ConstantString6createENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE')\n")
+    checks = expect(fake.run("--json", "-v"), 1, vllm="error")
+    s = checks["vllm"]["summary"]
+    assert "torch==2.4.0" in s and "2.5.1" in s
+    assert "undefined symbol" in s and "ABI" in s
+    assert 'pip install "torch==2.4.0"' in checks["vllm"]["fix"]
+
+
+def test_vllm_absent_is_ok_but_required_by_config(fake: FakeEnv):
+    fake.healthy()
+    cfg = fake.file("run.yaml", "rollout:\n  engine: vllm\n")
+    checks = expect(fake.run("--json"), 0)
+    assert "verl-bridge[vllm]" in checks["vllm"]["summary"]
+    checks = expect(fake.run("--json", "--config", str(cfg)), 1, verl_bridge="error")
+    assert 'pip install "verl-bridge[vllm]"' in checks["verl-bridge"]["fix"]
+    native = fake.file("native.yaml", "rollout: {engine: native}\n")
+    expect(fake.run("--json", "--config", str(native)), 0)
+
+
+def test_partial_transformer_engine(fake: FakeEnv):
+    fake.healthy()
+    fake.dist("transformer-engine", "2.1.0")
+    fake.dist("transformer-engine-cu12", "2.1.0")
+    fake.file("transformer_engine/__init__.py", "__version__ = '2.1.0'\n")
+    fake.file("transformer_engine/pytorch/__init__.py",
+              "raise ImportError('Could not find shared object file for Transformer Engine torch lib')\n")
+    checks = expect(fake.run("--json"), 1, transformer_engine="error")
+    s = checks["transformer-engine"]["summary"]
+    assert "partial Transformer Engine" in s
+    assert "transformer-engine[pytorch]==2.1.0" in checks["transformer-engine"]["fix"]
+
+
+def test_transformer_engine_dists_disagree(fake: FakeEnv):
+    fake.healthy()
+    fake.dist("transformer-engine", "2.1.0")
+    fake.dist("transformer-engine-cu12", "2.1.0")
+    fake.dist("transformer-engine-torch", "1.13.0")
+    fake.file("transformer_engine/__init__.py", "")
+    fake.file("transformer_engine/pytorch/__init__.py", "")
+    fake.file("transformer_engine_torch.py", "")
+    checks = expect(fake.run("--json"), 1, transformer_engine="error")
+    assert "disagree" in checks["transformer-engine"]["summary"]
+    assert "transformer-engine-torch 1.13.0" in checks["transformer-engine"]["summary"]
+
+
+def test_flash_attn_undefined_symbol_and_te_window(fake: FakeEnv):
+    fake.healthy()
+    fake.dist("flash-attn", "2.7.4.post1")
+    fake.file("flash_attn/__init__.py", "__version__ = '2.7.4.post1'\nimport flash_attn_2_cuda\n")
+    fake.file("flash_attn_2_cuda.py", "raise ImportError('/x/site-packages/flash_attn_2_cuda.cpython-311-x86_64-linux-gnu.so: "
+                                      "undefined symbol: _ZN3c105ErrorC2ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE')\n")
+    fake.dist("transformer-engine", "1.11.0", ["flash-attn>=2.0.6,<=2.6.3"])
+    fake.file("transformer_engine/__init__.py", "")
+    fake.file("transformer_engine/pytorch/__init__.py", "")
+    fake.file("transformer_engine_torch.py", "")
+    checks = expect(fake.run("--json", "-v"), 1, flash_attn="error")
+    s = checks["flash-attn"]["summary"]
+    assert "C++ ABI" in s and "_GLIBCXX_USE_CXX11_ABI" in s
+    assert "c10::Error::Error" in s  # demangled with c++filt (present on these machines)
+    assert "outside Transformer Engine's accepted window" in s
+    assert "cxx11abiFALSE" in checks["flash-attn"]["fix"]
+
+
+def test_flash_attn_built_for_other_torch(fake: FakeEnv):
+    fake.healthy()
+    fake.dist("flash-attn", "2.5.8")
+    fake.file("flash_attn/__init__.py", "")
+    fake.file("flash_attn_2_cuda.py", "raise ImportError('flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi')\n")
+    checks = expect(fake.run("--json"), 1, flash_attn="error")
+    assert "different torch version" in checks["flash-attn"]["summary"]
+
+
+def test_segfaulting_extension_does_not_crash_the_doctor(fake: FakeEnv):
+    fake.healthy()
+    fake.dist("flash-attn", "2.6.3")
+    fake.file("flash_attn/__init__.py", "")
+    fake.file("flash_attn_2_cuda.py", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    checks = expect(fake.run("--json"), 1, flash_attn="error")
+    assert "crashed" in checks["flash-attn"]["summary"] and "signal 11" in checks["flash-attn"]["summary"]
+
+
+def test_apex_without_cuda_extensions(fake: FakeEnv):
+    fake.healthy()
+    fake.dist("apex", "0.1")
+    fake.file("apex/__init__.py", "")
+    checks = expect(fake.run("--json"), 1, apex="error")
+    assert "without its CUDA extensions" in checks["apex"]["summary"]
+    assert "--cuda_ext" in checks["apex"]["fix"]
+    fake.file("amp_C.py", "")
+    fake.file("fused_layer_norm_cuda.py", "")
+    expect(fake.run("--json"), 0)
+
+
+def test_duplicate_nccl_dists(fake: FakeEnv):
+    fake.healthy()
+    fake.dist("nvidia-nccl-cu11", "2.14.3")
+    checks = expect(fake.run("--json"), 1, nccl="error")
+    s = checks["nccl"]["summary"]
+    assert "2 NCCL distributions" in s and "nvidia-nccl-cu11 2.14.3" in s and "nvidia-nccl-cu12 2.21.5" in s
+    assert "pip uninstall -y nvidia-nccl-cu11 nvidia-nccl-cu12" in checks["nccl"]["fix"]
+    assert 'nvidia-nccl-cu12==2.21.5' in checks["nccl"]["fix"]
+
+
+def test_torch_runs_another_nccl_and_library_copies(fake: FakeEnv):
+    fake.torch(nccl=(2, 18, 1))
+    fake.dist("nvidia-nccl-cu12", "2.21.5")
+    fake.megatron_core()
+    fake.dist("verl-bridge", "0.1.0")
+    fake.file("nvidia/nccl/lib/libnccl.so.2.21.5", "")
+    other = fake.root / "sys-nccl"
+    fake.file("libnccl.so.2.18.1", "", where=other)
+    run_env = fake.environ()
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-S", "-m", "verl_bridge.doctor", "--json"], capture_output=True,
+                          text=True, env={**run_env, "LD_LIBRARY_PATH": str(other)}, timeout=60, cwd=fake.root)
+    import json
+    checks = {c["id"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert checks["nccl"]["status"] == "warn", checks["nccl"]
+    assert "torch runs NCCL 2.18.1" in checks["nccl"]["summary"]
+    assert "several NCCL library copies" in checks["nccl"]["summary"]
+    assert proc.returncode == 0, {k: (c["status"], c["summary"]) for k, c in checks.items() if c["status"] != "ok"}
+
+
+def test_torch_missing_and_too_old(fake: FakeEnv):
+    fake.megatron_core()
+    fake.dist("verl-bridge", "0.1.0")
+    checks = expect(fake.run("--json"), 1, torch="error")
+    assert "not installed" in checks["torch"]["summary"]
+    fake.torch(version="2.1.0", requires=[])
+    checks = expect(fake.run("--json"), 1, torch="error")
+    assert "older" in checks["torch"]["summary"]
+
+
+def test_fake_packages_first_on_real_environment(tmp_path):
+    """Not isolated: the fakes shadow this machine's real torch/megatron-core on PYTHONPATH."""
+    env = FakeEnv(tmp_path, isolated=False)
+    env.torch(version="2.6.0+cu124")
+    env.dist("vllm", "0.8.4", ["torch==2.6.0"])
+    env.file("vllm/__init__.py", "")
+    env.file("vllm/_C.py", "")
+    env.megatron_core("0.10.0")
+    run = env.run("--json", "--timeout", "3")
+    checks = run.checks()
+    assert checks["vllm"]["status"] == "ok", checks["vllm"]
+    assert checks["torch"]["status"] == "ok", checks["torch"]
+    assert checks["megatron-core"]["status"] == "error" and "0.10.0" in checks["megatron-core"]["summary"]
+    assert checks["megatron-namespace"]["status"] == "warn"  # fake portion + the real wheel's portion
+    assert run.rc == 1
+
+
+@pytest.mark.parametrize("junk", ["metadata", "megatron-file", "bad-config"])
+def test_garbage_never_crashes_the_doctor(fake: FakeEnv, junk):
+    fake.healthy()
+    args = ["--json"]
+    if junk == "metadata":
+        info = fake.site / "torch-9.9.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_bytes(b"\xff\xfe\x00garbage\n\n")
+        fake.dist("nvidia-nccl-cu12", "not-a-version")
+    elif junk == "megatron-file":
+        first = fake.new_path("first")
+        fake.file("megatron.py", "raise SystemExit(3)\n", where=first)
+    else:
+        cfg = fake.file("bad.yaml", "rollout: [unclosed\n")
+        args += ["--config", str(cfg)]
+    run = fake.run(*args)
+    assert run.rc in (0, 1), run
+    assert len(run.checks()) == len(CHECK_IDS)
+    assert "Traceback" not in run.err
