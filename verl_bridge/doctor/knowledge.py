@@ -209,7 +209,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # source: https://github.com/NVIDIA/Megatron-LM/issues/3984
     Signature(
         "flash-attn-window",
-        (r"Supported flash-attn versions are (?P<window>[^.\n]+(?:\.\d+)*(?:\.post\d+)?)\.? *Found flash-attn (?P<found>[\w.+]+)",),
+        (r"Supported flash-attn versions are (?P<window>[^\n]+?)\.\s*Found flash-attn (?P<found>[\w.+]*\w)",),
         "flash-attn {found} is outside the window Transformer Engine accepts ({window})",
         'pip install --no-build-isolation "flash-attn{window}"  # a version inside the window',
         weight=45,

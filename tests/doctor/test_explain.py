@@ -1,0 +1,94 @@
+"""--explain against real error texts (taken from the issue threads the knowledge base cites)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from verl_bridge.doctor import knowledge
+from verl_bridge.doctor.explain import explain
+
+from .fakeenv import FakeEnv
+
+CASES = [
+    ("cannot import name 'get_args' from 'megatron' (unknown location)", "megatron-training"),
+    ("ImportError: cannot import name 'get_args' from 'megatron' "
+     "(/opt/conda/lib/python3.8/site-packages/megatron/__init__.py)", "megatron-namespace"),
+    ("ImportError: /opt/lib/python3.12/site-packages/flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.so: undefined "
+     "symbol: _ZN3c105ErrorC2ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE", "flash-attn-abi"),
+    ("ImportError: /usr/local/lib/python3.10/dist-packages/transformer_engine/transformer_engine_torch.cpython-310-"
+     "x86_64-linux-gnu.so: undefined symbol: _ZN3c105ErrorC2ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_"
+     "traitsIcESaIcEEE", "transformer-engine-abi"),
+    ("ImportError: /workspace/vllm/_C.abi3.so: undefined symbol: _ZN5torch3jit17parseSchemaOrNameERKSsb", "vllm-abi"),
+    ("ERROR: pip's dependency resolver ...\nvllm 0.7.3 requires torch==2.5.1, but you have torch 2.4.0+cu124 "
+     "which is incompatible.", "vllm-torch-pin"),
+    ("ImportError: /home/u/.local/lib/python3.10/site-packages/torch/lib/libtorch_cuda.so: undefined symbol: "
+     "ncclCommRegister", "nccl-duplicate"),
+    ("ModuleNotFoundError: No module named 'amp_C'", "apex-no-cuda-ext"),
+    ("ValueError: Supported flash-attn versions are >= 2.1.1, <= 2.7.4.post1. Found flash-attn 2.8.3.", "flash-attn-window"),
+    ("from megatron.optimizer import DistributedOptimizer\nModuleNotFoundError: No module named 'megatron.optimizer'",
+     "megatron-training-missing"),
+    ("ImportError: cannot import name 'get_data_modulo_expert_parallel_rank' from 'megatron.core.parallel_state' "
+     "(/x/megatron/core/parallel_state.py)", "megatron-core-api"),
+    ("  File \".../transformer_engine/pytorch/__init__.py\", line 52, in _load_library\n"
+     "    so_path = next(so_dir.glob(f\"{module_name}.*.{extension}\"))\nStopIteration", "transformer-engine-partial"),
+    ("RuntimeError: The NVIDIA driver on your system is too old (found version 11040).", "torch-driver"),
+    ("ImportError: /usr/lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.30' not found", "torch-libstdcxx"),
+    ("from verl.trainer.rl_trainer.megatron import MegatronTrainer\nModuleNotFoundError: No module named 'verl'",
+     "verl-bridge-import-path"),
+]
+
+
+@pytest.mark.parametrize("text,expected", CASES)
+def test_best_match(text, expected):
+    matches = explain(text)
+    assert matches, text
+    assert matches[0].id == expected, [m.id for m in matches]
+    assert matches[0].cause and matches[0].fix
+
+
+def test_flash_attn_symbol_is_demangled_and_explained():
+    m = explain(CASES[2][0])[0]
+    assert "c10::Error::Error" in m.cause and "C++ ABI" in m.cause
+
+
+def test_rename_table_names_the_replacement():
+    m = explain(CASES[10][0])[0]
+    assert "get_expert_data_parallel_rank" in m.fix and "0.10" in m.cause
+
+
+def test_last_error_of_a_log_wins_over_earlier_noise():
+    log = ("WARNING: No module named 'einops' (optional)\n" * 3 +
+           "Traceback (most recent call last):\n  File \"train.py\", line 1\n"
+           "ImportError: cannot import name 'get_args' from 'megatron' (unknown location)\n")
+    assert explain(log)[0].id == "megatron-training"
+
+
+def test_unknown_text_has_no_match():
+    assert explain("everything is fine\n") == []
+
+
+def test_knowledge_base_has_30_sourced_signatures():
+    source = Path(knowledge.__file__).read_text()
+    urls = re.findall(r"# source: (https://github\.com/[\w.\-]+/[\w.\-]+/(?:issues|pull)/\d+)", source)
+    sourced = [s for s in knowledge.SIGNATURES if s.source]
+    assert len(sourced) >= 30
+    assert len(urls) == len(sourced)
+    assert {s.source for s in sourced} <= set(urls)
+    assert len({s.id for s in knowledge.SIGNATURES}) == len(knowledge.SIGNATURES)
+
+
+def test_cli_explain_json_from_stdin_and_file(fake: FakeEnv):
+    run = fake.run("--explain", "-", "--json", stdin=CASES[0][0] + "\n")
+    assert run.rc == 1
+    assert run.json()["matches"][0] == {"id": "megatron-training", "cause": explain(CASES[0][0])[0].cause,
+                                        "fix": explain(CASES[0][0])[0].fix}
+    log = fake.file("log.txt", CASES[2][0] + "\n")
+    text = fake.run("--explain", str(log))
+    assert text.rc == 1 and "[flash-attn-abi]" in text.out and "github.com/Dao-AILab" in text.out
+    none = fake.run("--explain", "-", "--json", stdin="all good\n")
+    assert none.rc == 0 and none.json() == {"matches": []}
+    missing = fake.run("--explain", str(fake.root / "nope.txt"))
+    assert missing.rc == 2 and "no such file" in missing.err
