@@ -92,3 +92,8 @@ def test_cli_explain_json_from_stdin_and_file(fake: FakeEnv):
     assert none.rc == 0 and none.json() == {"matches": []}
     missing = fake.run("--explain", str(fake.root / "nope.txt"))
     assert missing.rc == 2 and "no such file" in missing.err
+
+
+def test_unknown_missing_module_falls_back_to_a_generic_cause():
+    m = explain("ModuleNotFoundError: No module named 'sglang.srt'")
+    assert [x.id for x in m] == ["python-missing-module"] and "pip install sglang" in m[0].fix

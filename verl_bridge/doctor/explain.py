@@ -92,4 +92,13 @@ def explain(text: str, torch_cxx11_abi: bool | None = None) -> list[Match]:
             matches.append(Match("undefined-symbol", f"{lib} has an undefined symbol {d.demangled}: {d.cause}",
                                  "reinstall the package that owns it against the installed torch "
                                  "(pip install --force-reinstall --no-build-isolation <package>)"))
+        if not matches:
+            missing = re.findall(r"No module named '([\w.]+)'", text)
+            if missing:
+                mod = missing[-1]
+                top = mod.split(".")[0]
+                matches.append(Match("python-missing-module", f"Python cannot find the module `{mod}` in this "
+                                     "environment (not installed, or installed for another interpreter)",
+                                     f"python -m pip install {top.replace('_', '-')}  # the distribution name may differ; "
+                                     "then run: verl-bridge doctor"))
     return matches
