@@ -149,7 +149,16 @@ def world_of_one():
     if dist.is_available() and dist.is_initialized():
         if dist.get_world_size() != 1:
             raise CheckpointError("offline torch_dist conversion must run in a single process")
-        yield
+        from megatron.core import parallel_state as mpu
+
+        if mpu.model_parallel_is_initialized():
+            yield
+            return
+        mpu.initialize_model_parallel(1, 1)
+        try:
+            yield
+        finally:
+            mpu.destroy_model_parallel()
         return
     with tempfile.TemporaryDirectory() as d:
         store = dist.FileStore(os.path.join(d, "store"), 1)
