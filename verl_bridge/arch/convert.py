@@ -257,7 +257,11 @@ def tp_split_dim(name: str) -> Optional[int]:
 def _gated(name: str, config) -> bool:
     if not name.endswith(("linear_fc1.weight", "linear_fc1.bias")):
         return False
-    return bool(dims_of(config).gated_linear_unit) if config is not None else False
+    if config is None:
+        return False
+    if hasattr(config, "gated_linear_unit"):
+        return bool(config.gated_linear_unit)
+    return bool(dims_of(config).gated_linear_unit)
 
 
 def shard_for_tp(name: str, full_tensor: torch.Tensor, tp_size: int, tp_rank: int, config=None) -> torch.Tensor:
