@@ -70,6 +70,37 @@ def _cpu_safe_attention_class(base: type) -> type:
     return CpuSafeAttention
 
 
+_OUTPUT_CLASSES: dict[type, type] = {}
+
+
+def _cpu_safe_output_layer_class(base: type) -> type:
+    """ColumnParallelLinear whose optional vocab gather runs on the CPU.
+
+    megatron-core 0.12-0.19 ``_gather_along_last_dim`` allocates its output on
+    ``torch.cuda.current_device()``; GPTModel asks for that gather in inference mode with TP > 1.
+    This subclass computes the local shard and gathers it with
+    ``torch.distributed.nn.functional.all_gather`` (differentiable, any backend).
+    """
+
+    class CpuSafeOutputLayer(base):  # type: ignore[misc, valid-type]
+        def forward(self, input_, weight=None, runtime_gather_output=None, **kwargs):
+            gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
+            out, bias = super().forward(input_, weight=weight, runtime_gather_output=False, **kwargs)
+            if gather and self.tp_group is not None and self.tp_group.size() > 1:
+                if torch.is_grad_enabled() and out.requires_grad:
+                    import torch.distributed.nn.functional as dfn
+
+                    parts = dfn.all_gather(out.contiguous(), group=self.tp_group)
+                else:
+                    parts = [torch.empty_like(out) for _ in range(self.tp_group.size())]
+                    torch.distributed.all_gather(parts, out.contiguous(), group=self.tp_group)
+                out = torch.cat(parts, dim=-1)
+            return out, bias
+
+    CpuSafeOutputLayer.__name__ = f"CpuSafe{base.__name__}"
+    return CpuSafeOutputLayer
+
+
 def make_cpu_safe(model: torch.nn.Module) -> torch.nn.Module:
     """Swap the class of rotary-embedding submodules of *model* for the CPU-safe subclass.
 
@@ -78,6 +109,7 @@ def make_cpu_safe(model: torch.nn.Module) -> torch.nn.Module:
     if torch.cuda.is_available():
         return model
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.tensor_parallel import ColumnParallelLinear
     from megatron.core.transformer.attention import Attention
 
     for module in model.modules():
@@ -88,6 +120,10 @@ def make_cpu_safe(model: torch.nn.Module) -> torch.nn.Module:
             if cls not in _ROTARY_CLASSES:
                 _ROTARY_CLASSES[cls] = _cpu_safe_rotary_class(cls)
             module.__class__ = _ROTARY_CLASSES[cls]
+        elif isinstance(module, ColumnParallelLinear) and module is getattr(model, "output_layer", None):
+            if cls not in _OUTPUT_CLASSES:
+                _OUTPUT_CLASSES[cls] = _cpu_safe_output_layer_class(cls)
+            module.__class__ = _OUTPUT_CLASSES[cls]
         elif isinstance(module, Attention):
             if cls not in _ATTENTION_CLASSES:
                 _ATTENTION_CLASSES[cls] = _cpu_safe_attention_class(cls)

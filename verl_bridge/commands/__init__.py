@@ -1,1 +1,1 @@
-
+"""CLI subcommands, one module each, imported lazily by verl_bridge.cli."""

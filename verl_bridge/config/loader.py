@@ -226,11 +226,17 @@ def load_config(
             data = read_yaml(source)
             source_dir = os.path.dirname(os.path.abspath(source))
         data = apply_overrides(data, overrides or [])
-        try:
-            cfg = config_from_dict(data, source_dir)
-        except ConfigError as exc:
-            # still report semantic problems of what could be built? keep it simple: structural first
-            raise ConfigError(exc.problems, source=source) from None
+        structural: list[str] = []
+        cfg = _build(Config, data, "", structural)
+        cfg.source_dir = source_dir
+        if structural:
+            # still run the semantic checks on what could be read, so every problem is listed at once
+            ws = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", 1))
+            try:
+                semantic = validate(cfg, world_size=ws, check_paths=check_paths)
+            except Exception:  # noqa: BLE001 - values of the wrong type can trip semantic checks
+                semantic = []
+            raise ConfigError(structural + [p for p in semantic if p not in structural], source=source)
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", cfg.trainer.nproc_per_node or 1))
     problems = validate(cfg, world_size=world_size, check_paths=check_paths)

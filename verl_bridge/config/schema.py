@@ -41,7 +41,7 @@ class TrainerConfig:
     args: TrainerArgs = field(default_factory=TrainerArgs)
     total_steps: int = 50
     save_every: int = 0  # 0 = only at the end when output_dir is set
-    output_dir: str = "runs/quickstart"
+    output_dir: Optional[str] = "runs/quickstart"  # null: no run directory (metrics only in memory)
     seed: int = 1234
     log_every: int = 1
     device: str = "auto"

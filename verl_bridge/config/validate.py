@@ -141,6 +141,9 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True) -> list
     _range(p, "data.num_rollout_workers", d.num_rollout_workers, lo=1)
     _range(p, "data.max_prompt_length", d.max_prompt_length, lo=1)
     _range(p, "data.max_response_length", d.max_response_length, lo=1)
+    if dp and isinstance(d.rollout_batch_size, int) and d.rollout_batch_size >= 1 and d.rollout_batch_size % dp:
+        p.append(f"data.rollout_batch_size={d.rollout_batch_size} prompts do not divide across dp={dp} ranks "
+                 f"(world size {world_size} / (tp {ta.tp_size} * pp {ta.pp_size}))")
     ints = all(isinstance(x, int) and x >= 1 for x in (d.rollout_batch_size, a.group_size, a.micro_batch_size))
     if ints and dp:
         samples = d.rollout_batch_size * a.group_size

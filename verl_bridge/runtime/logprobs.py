@@ -31,7 +31,8 @@ def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
         return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    return -vocab_parallel_cross_entropy(logits, targets)
+    # megatron subtracts the max from its input in place: give it its own contiguous copy
+    return -vocab_parallel_cross_entropy(logits.contiguous().clone(), targets.contiguous())
 
 
 class _VocabParallelEntropy(torch.autograd.Function):

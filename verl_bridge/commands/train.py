@@ -1,0 +1,81 @@
+"""``verl-bridge train CONFIG [key=value ...] [--nproc-per-node N] [--dry-run]``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import click
+
+
+class ConfigProblem(click.ClickException):
+    exit_code = 2
+
+
+def _load(config_file: str, overrides: tuple[str, ...], world_size: int):
+    from verl_bridge.config import ConfigError, load_config
+
+    try:
+        return load_config(config_file, list(overrides), world_size=world_size)
+    except ConfigError as exc:
+        raise ConfigProblem(str(exc)) from None
+
+
+@click.command(context_settings={"ignore_unknown_options": False})
+@click.argument("config_file", type=click.Path(dir_okay=False))
+@click.argument("overrides", nargs=-1)
+@click.option("--nproc-per-node", "nproc", type=click.IntRange(min=1), default=None,
+              help="Processes on this node; N > 1 launches torchrun. Default: trainer.nproc_per_node (1).")
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes (torchrun).")
+@click.option("--dry-run", is_flag=True, help="Validate and print the parallel plan; start nothing.")
+def train(config_file: str, overrides: tuple[str, ...], nproc: int | None, nnodes: int, dry_run: bool) -> None:
+    """Run PPO/GRPO training from CONFIG, with optional key=value overrides."""
+    from verl_bridge.config import ConfigError, load_config
+
+    # first pass: find nproc_per_node in the file when --nproc-per-node is absent
+    if nproc is None:
+        try:
+            nproc = load_config(config_file, list(overrides), world_size=1, check_paths=False).trainer.nproc_per_node
+        except ConfigError:
+            nproc = 1
+    world = nproc * nnodes
+    cfg = _load(config_file, overrides, world)
+    has_cuda = _has_cuda()
+    if dry_run:
+        from verl_bridge.commands.plan_text import parallel_plan
+
+        click.echo(f"config OK: {config_file}")
+        for line in parallel_plan(cfg, world, has_cuda):
+            click.echo(line)
+        return
+    if cfg.trainer.args.pp_size > 1 and not has_cuda:
+        raise ConfigProblem(
+            f"trainer.args.pp_size={cfg.trainer.args.pp_size}: pipeline parallelism needs CUDA "
+            "(megatron-core's pipeline schedules allocate on the GPU) and this machine has none; "
+            "use pp_size=1 on CPU, or --dry-run to check the plan")
+    if world > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}"]
+        if nnodes == 1:
+            cmd.append("--standalone")
+        cmd += ["-m", "verl_bridge.train", "--config_file", config_file, *overrides]
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        rc = subprocess.call(cmd, env=env)
+        if rc != 0:
+            raise click.ClickException(f"training failed (torchrun exit code {rc}); see the rank logs above")
+        return
+    from verl_bridge.train import run
+
+    rc = run(config_file, list(overrides))
+    if rc:
+        sys.exit(rc)
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001 - a broken torch is doctor's business
+        return False

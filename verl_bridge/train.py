@@ -1,0 +1,52 @@
+"""Entry point under a user's own launcher: ``torchrun ... -m verl_bridge.train --config_file CONFIG [k=v ...]``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+
+def run(config_file: str, overrides: list[str]) -> int:
+    from verl_bridge.config import ConfigError, load_config
+    from verl_bridge.runtime.trainer import MegatronTrainer
+
+    try:
+        cfg = load_config(config_file, overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        MegatronTrainer(cfg).train()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - one readable paragraph, traceback on request
+        rank = os.environ.get("RANK", "0")
+        if os.environ.get("VERL_BRIDGE_DEBUG"):
+            traceback.print_exc()
+        print(f"error (rank {rank}): {type(exc).__name__}: {exc}\n"
+              "Set VERL_BRIDGE_DEBUG=1 for the full traceback; `verl-bridge doctor` checks the environment.",
+              file=sys.stderr)
+        return 2
+    finally:
+        from verl_bridge.parallel import destroy
+
+        try:
+            destroy()
+        except Exception:  # noqa: BLE001
+            pass
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m verl_bridge.train")
+    parser.add_argument("--config_file", "--config-file", required=True)
+    parser.add_argument("overrides", nargs="*", help="key=value overrides")
+    ns = parser.parse_args(argv)
+    return run(ns.config_file, ns.overrides)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
