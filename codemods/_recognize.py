@@ -446,7 +446,7 @@ class Recognizer:
         for name, expr, scope in self.kl_sites():
             uses = self.kl_uses(name, scope)
             early = [u for u in uses if u[0] == "compare"]
-            for _, node in early:
+            for _, node, _c in early:
                 a.warn(f"early stopping on KL ({self.loc(self.p.line(node))}) is not supported by MegatronTrainer; "
                        "training will not stop early")
             penalty = [u for u in uses if u[0] in ("reward", "loss")]
@@ -480,8 +480,45 @@ class Recognizer:
                 a.warn(f"algorithm.kl.estimator is left out: cannot tell which estimator {_code(expr)[:60]} is")
             break
         if not penalty_found:
+            penalty_found = self._inline_kl()
+        if not penalty_found and not a.reasons:
             self.emit("algorithm.kl.coef", Known(0.0, self.p.line(self.main_loop)))
             a.warn("no KL penalty against a reference model was found; algorithm.kl.coef is set to 0.0")
+
+    def _inline_kl(self) -> bool:
+        """``rewards = scores - coef * (logp - ref_logp)``: a KL term written inline in a reward or loss."""
+        a = self.a
+        for info in self.p.funcs.values():
+            for node in walk(info.node.body):
+                if not isinstance(node, (cst.Assign, cst.AugAssign)):
+                    continue
+                tgt = _code(node.targets[0].target if isinstance(node, cst.Assign) else node.target)
+                placement = "reward" if re.search(r"reward|score", tgt, re.I) else ("loss" if LOSS_RE.search(tgt) else None)
+                if placement is None:
+                    continue
+                for n in walk(node.value):
+                    if not (isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Multiply)):
+                        continue
+                    for c, other in ((n.left, n.right), (n.right, n.left)):
+                        if not (isinstance(other, cst.BinaryOperation) and isinstance(other.operator, cst.Subtract)):
+                            continue
+                        if not re.search(r"log|lp", _code(other.left), re.I) or not re.search(r"log|lp", _code(other.right), re.I):
+                            continue
+                        ref_side = self.kl_reference(other, info)
+                        if ref_side == "old":
+                            a.refuse(f"the KL term at {self.loc(self.p.line(other))} is measured against the old policy "
+                                     "(the same model before the update), not against a frozen reference model; "
+                                     "MegatronTrainer's KL penalty means something different")
+                            return True
+                        if ref_side != "ref":
+                            a.refuse(f"cannot tell what the KL term at {self.loc(self.p.line(other))} is measured against "
+                                     "(a frozen reference model or the old policy)")
+                            return True
+                        self.emit("algorithm.kl.placement", Known(placement, self.p.line(node)))
+                        self.emit("algorithm.kl.coef", self.kl_coef_value(c, info), "the KL coefficient")
+                        self.emit("algorithm.kl.estimator", Known("k1", self.p.line(other)))
+                        return True
+        return False
 
     def _flows_into_rewards(self, name, scope) -> bool:
         if scope is None:
@@ -566,6 +603,15 @@ class Recognizer:
         return False
 
     def kl_coef_value(self, coef, scope):
+        """The KL coefficient as a magnitude (a penalty is subtracted however the sign is written)."""
+        if isinstance(coef, cst.UnaryOperation) and isinstance(coef.operator, cst.Minus):
+            coef = coef.expression
+        ev = self._kl_coef_value(coef, scope)
+        if isinstance(ev, Known) and isinstance(ev.value, (int, float)) and not isinstance(ev.value, bool):
+            return Known(abs(ev.value), ev.line)
+        return ev
+
+    def _kl_coef_value(self, coef, scope):
         # kl_ctl.value / self.kl_ctl.value with a controller object
         if isinstance(coef, cst.Attribute) and coef.attr.value in ("value", "coef", "kl_coef"):
             ctl = self.controller(coef.value, scope)
@@ -699,12 +745,14 @@ class Recognizer:
 
     def model_role_in(self, expr, scope) -> str:
         """Role of the model object a log-prob computation in *expr* runs: 'ref' | 'old' | ''."""
+        keywords = {id(a.keyword) for a in walk(expr) if isinstance(a, cst.Arg) and a.keyword is not None}
+        roles = set()
         for n in walk(expr):
-            if isinstance(n, (cst.Name, cst.Attribute)):
+            if isinstance(n, (cst.Name, cst.Attribute)) and id(n) not in keywords:
                 role = self.model_role(n, scope)
                 if role:
-                    return role
-        return ""
+                    roles.add(role)
+        return "ref" if "ref" in roles else ("old" if roles else "")
 
     def model_role(self, node, scope) -> str:
         models = self.models()
@@ -1387,6 +1435,7 @@ class Recognizer:
             fns = {q: v for q, v in fns.items() if q not in called}
         if len(fns) == 1 and not inner:
             f, n = next(iter(fns.values()))
+            self.emit("model.reward.type", Known("function", self.p.line(f.node)))
             self.emit("model.reward.args.path", Known(f"{self.module_name}:{f.name}", self.p.line(f.node)))
             nparams = len([p for p in f.params.values() if p[1].star not in ("*", "**") and p[1].default is None])
             if nparams != 2:
@@ -1411,9 +1460,13 @@ class Recognizer:
             if isinstance(node, cst.Call):
                 last = _last(node.func) or ""
                 qs = self.qn(node.func)
-                if re.search(r"ema|ExponentialMovingAverage|AveragedModel", last) and re.search(r"(^|_)ema($|_)|Exponential|Averaged", last, re.I) \
+                if re.search(r"(^|_)ema($|_)|Exponential|Averaged|moving_average", last, re.I) \
                         or any("swa_utils" in q for q in qs):
                     a.warn(f"EMA of the weights ({last}() at {self.loc(self.p.line(node))}) is not supported by MegatronTrainer")
+            elif isinstance(node, cst.Assign) and isinstance(node.targets[0].target, cst.Attribute) and re.search(
+                    r"ptx", node.targets[0].target.attr.value, re.I):
+                a.warn(f"pretraining (ptx) loss mixing ({_code(node.targets[0].target)} at "
+                       f"{self.loc(self.p.line(node))}) is not supported by MegatronTrainer; it is dropped")
             elif isinstance(node, (cst.Assign,)) and isinstance(node.targets[0].target, cst.Name):
                 if re.search(r"(^|_)ema($|_)", node.targets[0].target.value, re.I):
                     a.warn(f"EMA of the weights ({node.targets[0].target.value} at {self.loc(self.p.line(node))}) "
