@@ -22,7 +22,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "init": ("verl_bridge.commands.init:init", "Write a starter config from a shipped template."),
     "convert": ("verl_bridge.commands.convert:convert", "Convert checkpoints between Hugging Face and Megatron layouts."),
     "plot": ("verl_bridge.commands.plot:plot", "Plot reward, KL, losses and throughput of a run."),
-    "plan": ("verl_bridge.commands.plan:plan", "Estimate memory and weight-sync cost for a config."),
     "validate": ("verl_bridge.commands.validate:validate", "Validate a config without running it."),
 }
 
