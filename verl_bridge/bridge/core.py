@@ -231,15 +231,3 @@ class MegatronBridge:
         self.roles = Roles(actor=actor, actor_optimizer=actor_opt, reference=reference, critic=critic,
                            critic_optimizer=critic_opt, build_actor=build)
         return self.roles
-
-    # ------------------------------------------------------------------ checkpoints
-    def maybe_save(self, trainer, step: int) -> None:
-        cfg = self.config
-        every = cfg.trainer.save_every
-        if not every or step % every:
-            return
-        try:
-            from verl_bridge.checkpoint.trainer_state import save_trainer_checkpoint
-        except ImportError:
-            return
-        save_trainer_checkpoint(trainer, step)

@@ -21,13 +21,11 @@ class MetricsLogger:
     """Rank 0 writes ``<run_dir>/metrics.jsonl`` (one object per step) and the console lines."""
 
     def __init__(self, run_dir: Optional[str], total_steps: int, enabled: bool, progress_bar: Optional[bool],
-                 log_every: int = 1, append: bool = False):
+                 log_every: int = 1):
         self.enabled = enabled
         self.log_every = log_every
         self.total = total_steps
         self.path = os.path.join(run_dir, "metrics.jsonl") if (run_dir and enabled) else None
-        if self.path and not append and os.path.exists(self.path):
-            os.remove(self.path)
         show_bar = sys.stdout.isatty() if progress_bar is None else progress_bar
         self._progress = None
         if enabled and show_bar:
@@ -39,6 +37,25 @@ class MetricsLogger:
             )
             self._task = self._progress.add_task("train", total=total_steps, reward=0.0)
             self._progress.start()
+
+    def truncate_after(self, step: int) -> None:
+        """On resume: keep the rows of steps <= ``step`` (later ones belong to the lost tail)."""
+        if not self.path or not os.path.exists(self.path):
+            return
+        keep = []
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                if line.strip() and json.loads(line)["step"] <= step:
+                    keep.append(line)
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(keep)
+        os.replace(tmp, self.path)
+
+    def reset(self) -> None:
+        """A fresh run: start metrics.jsonl empty."""
+        if self.path and os.path.exists(self.path):
+            os.remove(self.path)
 
     def log(self, step: int, metrics: dict) -> None:
         if not self.enabled:

@@ -17,12 +17,13 @@ class ValueHead(torch.nn.Module):
 
     def __init__(self, hidden_size: int, dtype: torch.dtype = torch.float32):
         super().__init__()
-        self.linear = torch.nn.Linear(hidden_size, 1, bias=True, dtype=dtype)
-        torch.nn.init.zeros_(self.linear.weight)
-        torch.nn.init.zeros_(self.linear.bias)
+        # named weight/bias directly so the checkpoint key is ``output_layer.weight``, as megatron's
+        # LanguageModule.sharded_state_dict expects
+        self.weight = torch.nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(1, dtype=dtype))
 
     def forward(self, hidden_states, weight=None, runtime_gather_output=None, **_):
-        return self.linear(hidden_states), None
+        return torch.nn.functional.linear(hidden_states, self.weight, self.bias), None
 
 
 def to_critic(model: torch.nn.Module) -> torch.nn.Module:

@@ -327,6 +327,16 @@ class MegatronTrainer:
     def train(self) -> list[dict]:
         """Run ``trainer.total_steps`` steps; returns the per-step metrics (also in metrics.jsonl)."""
         self.setup()
+        from verl_bridge.checkpoint.trainer_state import resume_trainer, save_trainer_checkpoint
+
+        resumed = resume_trainer(self)
+        if resumed is not None:
+            self.step = resumed
+            self.logger.truncate_after(resumed)
+            if self.is_logger:
+                info(f"resumed from step {resumed}")
+        else:
+            self.logger.reset()
         total = self.config.trainer.total_steps
         try:
             while self.step < total:
@@ -337,7 +347,9 @@ class MegatronTrainer:
                         raise FloatingPointError(f"step {self.step}: {k} is {m[k]} (not finite); lower optim.actor.lr")
                 self.history.append({"step": self.step, **m})
                 self.logger.log(self.step, m)
-                self.bridge.maybe_save(self, self.step)
+                every = self.config.trainer.save_every
+                if self.config.trainer.output_dir and ((every and self.step % every == 0)):
+                    save_trainer_checkpoint(self, self.step)
         finally:
             self.logger.close()
         return self.history
