@@ -197,10 +197,7 @@ class MegatronBridge:
             from verl_bridge.checkpoint import load_model_weights
 
             load_model_weights(model, args.load_path)
-        elif args.model_name_or_path and self._provider is None and args.preset is None:
-            from verl_bridge.arch import load_hf_weights
-
-            load_hf_weights(model, args.model_name_or_path)
+        # model_name_or_path: verl_bridge.arch.hf_model_provider already loaded this rank's HF shard
 
     def build_roles(self):
         from verl_bridge.runtime.optimizer import build_optimizer
