@@ -14,16 +14,9 @@ import torch.nn.functional as F
 
 def transformer_config_kwargs(precision: str = "fp32") -> dict:
     """Flags every verl-bridge model sets so that megatron-core's local modules run on CPU too."""
-    kw = dict(
-        use_cpu_initialization=not torch.cuda.is_available(),
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        gradient_accumulation_fusion=False,
-        persist_layer_norm=False,
-        apply_rope_fusion=False,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-    )
+    from verl_bridge.arch.hf import PORTABLE_FLAGS
+
+    kw = dict(PORTABLE_FLAGS, use_cpu_initialization=not torch.cuda.is_available())
     if precision == "bf16":
         kw.update(bf16=True, params_dtype=torch.bfloat16)
     elif precision == "fp16":
