@@ -217,9 +217,10 @@ class MegatronBridge:
         critic = critic_opt = None
         if cfg.model.critic is not None:
             if cfg.model.critic.type == "huggingface":
-                from verl_bridge.bridge.hf_critic import build_hf_critic
-
-                critic = build_hf_critic(cfg.model.critic.args.model_name_or_path, self.layout.device)
+                raise BridgeError(
+                    "model.critic.type='huggingface' validates and plans (--dry-run) but cannot train yet: "
+                    "the Hugging Face value-head critic is not built in this version. Use "
+                    "model.critic.type=megatron (the actor's provider with a scalar value head).")
             else:
                 critic = build()
                 critic.load_state_dict(actor.state_dict())
