@@ -145,3 +145,10 @@ def test_cli_pp_on_cpu_is_refused_before_any_process_starts():
     r = _cli("train", "templates/quickstart.yaml", "--nproc-per-node", "2", "trainer.args.pp_size=2")
     assert r.returncode == 2
     assert "pipeline parallelism needs CUDA" in r.stderr
+
+
+def test_ppo_without_a_critic_gets_the_actors_model_with_a_value_head():
+    cfg = load_config(REPO / "templates" / "grpo.yaml", ["algorithm.name=ppo", "algorithm.group_size=1",
+                                                         "data.rollout_batch_size=64"])
+    assert cfg.model.critic is not None and cfg.model.critic.type == "megatron"
+    assert load_config(REPO / "templates" / "grpo.yaml").model.critic is None  # GRPO stays critic-free

@@ -188,6 +188,15 @@ def read_yaml(path: str) -> dict:
     return data
 
 
+def apply_defaults(cfg: Config) -> Config:
+    """Derived defaults: PPO (GAE) needs a critic; without one it is the actor's model + a value head."""
+    from verl_bridge.config.schema import ModelRole
+
+    if cfg.algorithm.name == "ppo" and cfg.model.critic is None:
+        cfg.model.critic = ModelRole(type="megatron")
+    return cfg
+
+
 def config_from_dict(data: dict, source_dir: str | None = None) -> Config:
     problems: list[str] = []
     cfg = _build(Config, data, "", problems)
@@ -227,7 +236,7 @@ def load_config(
             source_dir = os.path.dirname(os.path.abspath(source))
         data = apply_overrides(data, overrides or [])
         structural: list[str] = []
-        cfg = _build(Config, data, "", structural)
+        cfg = apply_defaults(_build(Config, data, "", structural))
         cfg.source_dir = source_dir
         if structural:
             # still run the semantic checks on what could be read, so every problem is listed at once

@@ -132,9 +132,6 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True) -> list
     if a.name in ("grpo", "rloo") and isinstance(a.group_size, int) and a.group_size < 2:
         p.append(f"algorithm.group_size={a.group_size}: algorithm.name={a.name!r} compares responses "
                  "within a group and needs group_size >= 2")
-    if a.name == "ppo" and m.critic is None:
-        p.append("model.critic: algorithm.name='ppo' estimates advantages with GAE and needs a critic "
-                 "(set model.critic, or use algorithm.name grpo, rloo or reinforce_plus_plus)")
 
     # --- batch arithmetic
     _range(p, "data.rollout_batch_size", d.rollout_batch_size, lo=1)
