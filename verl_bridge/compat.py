@@ -1,29 +1,12 @@
 """Small, named shims over megatron-core version and device differences.
 
 Each shim says which megatron-core versions it is for and what it changes. Nothing here patches
-a library module globally: shims act on objects verl-bridge built, or choose an argument name.
+a library module globally: shims act only on objects verl-bridge built.
 """
 
 from __future__ import annotations
 
-import inspect
-from functools import lru_cache
-
 import torch
-
-
-@lru_cache(maxsize=None)
-def mcore_version() -> tuple[int, int, int]:
-    from importlib.metadata import version
-
-    parts = version("megatron-core").split(".")
-    nums = []
-    for p in parts[:3]:
-        digits = "".join(ch for ch in p if ch.isdigit())
-        nums.append(int(digits) if digits else 0)
-    while len(nums) < 3:
-        nums.append(0)
-    return tuple(nums)  # type: ignore[return-value]
 
 
 def _cpu_safe_rotary_class(base: type) -> type:
@@ -129,12 +112,3 @@ def make_cpu_safe(model: torch.nn.Module) -> torch.nn.Module:
                 _ATTENTION_CLASSES[cls] = _cpu_safe_attention_class(cls)
             module.__class__ = _ATTENTION_CLASSES[cls]
     return model
-
-
-def accepts(fn, name: str) -> bool:
-    """Whether callable *fn* takes a parameter called *name* (or **kwargs)."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())

@@ -60,17 +60,14 @@ def init_distributed(backend: str | None = None, timeout_s: int = 600) -> None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     from datetime import timedelta
 
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1 and "MASTER_PORT" not in os.environ:
-        # a world of one (plain `python`, not torchrun): an in-memory store, no TCP port to race for
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("LOCAL_RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
-        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=timedelta(seconds=timeout_s))
-        return
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
+    if os.environ["WORLD_SIZE"] == "1" and "MASTER_PORT" not in os.environ:
+        # a world of one (plain `python`, not torchrun): an in-memory store, no TCP port to race for
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timedelta(seconds=timeout_s))
+        return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
         os.environ["MASTER_PORT"] = str(free_port())

@@ -60,19 +60,12 @@ class MegatronBridge:
         self._tokenizer = tokenizer
         self.layout = None
         self.reused_groups = False
+        self._rows: Optional[list[tuple[str, str]]] = None  # data.train_files, read on first use
 
     @classmethod
     def from_config(cls, config: Config) -> "MegatronBridge":
         a = config.model.actor.args
         return cls(a.model_provider, a.initialize_megatron, a.load_checkpoint, config=config)
-
-    def bind(self, config: Config) -> "MegatronBridge":
-        self.config = config
-        a = config.model.actor.args
-        self._provider = self._provider or a.model_provider
-        self._init = self._init or a.initialize_megatron
-        self._loader = self._loader or a.load_checkpoint
-        return self
 
     # ------------------------------------------------------------------ process groups
     def initialize(self):
@@ -133,7 +126,7 @@ class MegatronBridge:
             return task.sample(rng, n)
         from verl_bridge.data import load_prompt_file
 
-        if not hasattr(self, "_rows"):
+        if self._rows is None:
             self._rows = load_prompt_file(self.config)
         return [self._rows[rng.randrange(len(self._rows))] for _ in range(n)]
 
@@ -227,5 +220,5 @@ class MegatronBridge:
                 critic = to_critic(critic)
             critic_opt = build_optimizer(critic, cfg.optim.critic)
         self.roles = Roles(actor=actor, actor_optimizer=actor_opt, reference=reference, critic=critic,
-                           critic_optimizer=critic_opt, build_actor=build)
+                           critic_optimizer=critic_opt)
         return self.roles

@@ -197,15 +197,6 @@ def apply_defaults(cfg: Config) -> Config:
     return cfg
 
 
-def config_from_dict(data: dict, source_dir: str | None = None) -> Config:
-    problems: list[str] = []
-    cfg = _build(Config, data, "", problems)
-    cfg.source_dir = source_dir
-    if problems:
-        raise ConfigError(problems)
-    return cfg
-
-
 def load_config(
     path: Union[str, os.PathLike, dict, Config, None] = None,
     overrides: Optional[list[str]] = None,
@@ -221,34 +212,29 @@ def load_config(
 
     source = None
     if isinstance(path, Config):
-        cfg = path
-        if overrides:
-            data = apply_overrides(to_plain(cfg), overrides)
-            cfg = config_from_dict(data, cfg.source_dir)
+        data, source_dir = to_plain(path), path.source_dir
+    elif path is None:
+        data, source_dir = {}, os.getcwd()
+    elif isinstance(path, dict):
+        data, source_dir = dict(path), os.getcwd()
     else:
-        if path is None:
-            data, source_dir = {}, os.getcwd()
-        elif isinstance(path, dict):
-            data, source_dir = dict(path), os.getcwd()
-        else:
-            source = os.fspath(path)
-            data = read_yaml(source)
-            source_dir = os.path.dirname(os.path.abspath(source))
-        data = apply_overrides(data, overrides or [])
-        structural: list[str] = []
-        cfg = apply_defaults(_build(Config, data, "", structural))
-        cfg.source_dir = source_dir
-        if structural:
-            # still run the semantic checks on what could be read, so every problem is listed at once
-            ws = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", 1))
-            try:
-                semantic = validate(cfg, world_size=ws, check_paths=check_paths)
-            except Exception:  # noqa: BLE001 - values of the wrong type can trip semantic checks
-                semantic = []
-            raise ConfigError(structural + [p for p in semantic if p not in structural], source=source)
+        source = os.fspath(path)
+        data = read_yaml(source)
+        source_dir = os.path.dirname(os.path.abspath(source))
+    data = apply_overrides(data, overrides or [])
+    structural: list[str] = []
+    cfg = apply_defaults(_build(Config, data, "", structural))
+    cfg.source_dir = source_dir
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", cfg.trainer.nproc_per_node or 1))
-    problems = validate(cfg, world_size=world_size, check_paths=check_paths)
+    try:
+        semantic = validate(cfg, world_size=world_size, check_paths=check_paths)
+    except Exception:  # noqa: BLE001 - values of the wrong type can trip semantic checks
+        if not structural:
+            raise
+        semantic = []
+    # structural and semantic problems together, so every problem is listed at once
+    problems = structural + [p for p in semantic if p not in structural]
     if problems:
         raise ConfigError(problems, source=source)
     return cfg

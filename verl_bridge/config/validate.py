@@ -148,7 +148,6 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True) -> list
             p.append(f"data.rollout_batch_size({d.rollout_batch_size}) * algorithm.group_size({a.group_size}) "
                      f"= {samples} samples per step does not divide across dp={dp} ranks")
         else:
-            per_rank = samples // dp
             mini = a.mini_batch_size or samples
             if isinstance(mini, int) and mini >= 1:
                 if samples % mini:
@@ -160,8 +159,6 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True) -> list
                     p.append(f"algorithm.micro_batch_size={a.micro_batch_size} does not divide the "
                              f"{mini // dp} samples per rank in each mini-batch "
                              f"(mini_batch_size {mini} / dp {dp})")
-            if per_rank % a.micro_batch_size and not a.mini_batch_size:
-                pass  # reported above through the mini-batch check
     if isinstance(d.num_rollout_workers, int) and d.num_rollout_workers >= 1 and isinstance(d.rollout_batch_size, int):
         if d.rollout_batch_size % d.num_rollout_workers:
             p.append(f"data.num_rollout_workers={d.num_rollout_workers} does not divide "

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from verl_bridge.rollout.base import RolloutBatch, SamplingParams
 from verl_bridge.rollout.sampling import sample_next
+from verl_bridge.runtime.batch import model_inputs
 
 
 def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,15 +59,11 @@ class NativeEngine:
         gen = torch.Generator(device=dev)
         gen.manual_seed(seed)
 
-        # key-padding mask over the whole sequence: True = masked out (megatron convention)
+        # prefill uses the training forward's inputs (causal + key padding, pads see themselves)
+        _, positions, mask = model_inputs(prompt_ids, prompt_mask)
+        # decode steps extend this key-padding mask: True = masked out (megatron convention)
         key_pad = torch.zeros((bsz, total), dtype=torch.bool, device=dev)
         key_pad[:, :plen] = prompt_mask == 0
-        positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
-
-        causal = torch.ones(plen, plen, dtype=torch.bool, device=dev).triu(1)
-        mask = causal[None, None] | key_pad[:, None, None, :plen]
-        # a fully masked row (left padding) would give NaN in softmax: let pads see themselves
-        mask = mask & ~torch.eye(plen, dtype=torch.bool, device=dev)[None, None]
         logits = model(prompt_ids, positions, mask, inference_context=ctx, runtime_gather_output=True)
         ctx.sequence_len_offset += plen
         last_pos = positions[:, -1]

@@ -66,13 +66,3 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the softmax over the full vocabulary, from vocab-parallel logits [..., V/tp]."""
     group, size = _tp_group_and_size()
     return _VocabParallelEntropy.apply(logits, group if size > 1 else None)
-
-
-def gather_vocab(logits: torch.Tensor) -> torch.Tensor:
-    """All-gather vocab-parallel logits into the full vocabulary (used for sampling)."""
-    group, size = _tp_group_and_size()
-    if size == 1:
-        return logits
-    parts = [torch.empty_like(logits) for _ in range(size)]
-    dist.all_gather(parts, logits.contiguous(), group=group)
-    return torch.cat(parts, dim=-1)

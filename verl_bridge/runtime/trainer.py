@@ -43,7 +43,6 @@ class Roles:
     reference: Optional[torch.nn.Module]
     critic: Optional[torch.nn.Module]
     critic_optimizer: Any
-    build_actor: Callable[[], torch.nn.Module]
 
 
 def _mean_over_dp(values: dict[str, float]) -> dict[str, float]:
@@ -212,26 +211,24 @@ class MegatronTrainer:
         old_lp, entropy = self._compute_log_probs(self.roles.actor, exp, with_entropy=True)
         exp.tensors["old_log_probs"] = old_lp
         stats: dict[str, float] = {"entropy": float(A.masked_mean(entropy, mask))}
-        kl_mean = 0.0
-        if self.roles.reference is not None:
-            ref = self.roles.reference
-            if cfg.model.reference is not None and cfg.model.reference.args.offload:
-                ref.to(self.device)
-            ref_lp, _ = self._compute_log_probs(ref, exp)
-            if cfg.model.reference is not None and cfg.model.reference.args.offload:
-                ref.to("cpu")
-            exp.tensors["ref_log_probs"] = ref_lp
         if self.roles.critic is not None:
             exp.tensors["values"] = self._compute_values(exp)
         coef = self.kl_ctl.value
-        if "ref_log_probs" in exp.tensors:
-            kl_tok = A.kl_penalty(old_lp, exp.tensors["ref_log_probs"], a.kl.estimator)
-            kl_mean = float(A.masked_mean(A.masked_mean(kl_tok, mask, dim=-1), (mask != 0).any(dim=-1)))
-        if a.kl.placement == "reward" and "ref_log_probs" in exp.tensors and coef > 0:
-            token_rewards, kl_mean = A.apply_kl_to_rewards(exp.scores, old_lp, exp.tensors["ref_log_probs"],
-                                                           mask, coef, a.kl.estimator)
+        if self.roles.reference is not None:
+            ref = self.roles.reference
+            offload = cfg.model.reference is not None and cfg.model.reference.args.offload
+            if offload:
+                ref.to(self.device)
+            ref_lp, _ = self._compute_log_probs(ref, exp)
+            if offload:
+                ref.to("cpu")
+            exp.tensors["ref_log_probs"] = ref_lp
+            # one pass gives the KL metric and, when KL sits in the reward, the penalised rewards
+            reward_coef = coef if a.kl.placement == "reward" else 0.0
+            token_rewards, kl_mean = A.apply_kl_to_rewards(exp.scores, old_lp, ref_lp, mask, reward_coef,
+                                                           a.kl.estimator)
         else:
-            token_rewards = A.scores_to_token_rewards(exp.scores, mask)
+            token_rewards, kl_mean = A.scores_to_token_rewards(exp.scores, mask), 0.0
         est = ADVANTAGE_FOR_ALGORITHM[a.name]
         adv, ret = A.ADVANTAGE_ESTIMATORS[est](
             token_rewards=token_rewards, values=exp.tensors.get("values"), scores=exp.scores, mask=mask,
