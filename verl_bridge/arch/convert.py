@@ -110,14 +110,19 @@ def _fill(template: str, layer: Optional[str]) -> str:
     return template.replace("{}", layer) if layer is not None else template
 
 
-def hf_sources(name: str, arch_spec, config=None) -> list[str]:
-    """HF tensor names needed to build megatron tensor *name* (global layer index)."""
-    spec = get_arch(arch_spec)
+def _resolve(spec, name: str):
+    """(template, parts, hf_names) of megatron tensor *name*; ValueError when the spec lacks it."""
     to_hf, mc_rx, _ = _tables(spec)
     template, layer = _match(mc_rx, name)
     if template is None:
         raise ValueError(f"unknown parameter {name}")
-    return [_fill(hf_t, layer) for _, hf_t in to_hf[template]]
+    parts = to_hf[template]
+    return template, parts, [_fill(hf_t, layer) for _, hf_t in parts]
+
+
+def hf_sources(name: str, arch_spec, config=None) -> list[str]:
+    """HF tensor names needed to build megatron tensor *name* (global layer index)."""
+    return _resolve(get_arch(arch_spec), name)[2]
 
 
 def is_dropped_hf(name: str, arch_spec) -> bool:
@@ -151,12 +156,7 @@ def hf_to_mcore(
     """
     spec = get_arch(arch_spec)
     dims = dims_of(config)
-    to_hf, mc_rx, _ = _tables(spec)
-    template, layer = _match(mc_rx, name)
-    if template is None:
-        raise ValueError(f"unknown parameter {name}")
-    parts = to_hf[template]
-    srcs = [_fill(hf_t, layer) for _, hf_t in parts]
+    template, parts, srcs = _resolve(spec, name)
     missing = [s for s in srcs if s not in hf_tensors]
     if missing:
         raise KeyError(f"HF tensors {missing} needed for {name} are missing")
@@ -199,12 +199,7 @@ def mcore_to_hf(
         return []
     if name == "output_layer.weight" and dims.tie_embeddings:
         return []
-    to_hf, mc_rx, _ = _tables(spec)
-    template, layer = _match(mc_rx, name)
-    if template is None:
-        raise ValueError(f"unknown parameter {name}")
-    parts = to_hf[template]
-    hf_names = [_fill(hf_t, layer) for _, hf_t in parts]
+    template, parts, hf_names = _resolve(spec, name)
     if name in VOCAB_PARAMS and dims.vocab_size is not None:
         tensor = tensor[: dims.vocab_size]
     if name == POSITION_PARAM and spec.position_offset:
