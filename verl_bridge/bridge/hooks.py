@@ -87,7 +87,6 @@ def call_model_provider(
     if has_var_kw:
         kwargs.setdefault("pre_process", pre_process)
         kwargs.setdefault("post_process", post_process)
-    # drop None for optional params the user defaults (e.g. vp_stage=None is fine to pass)
     return fn(**kwargs)
 
 
