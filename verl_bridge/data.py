@@ -1,6 +1,7 @@
 """Prompt files: JSONL or Parquet rows with ``data.prompt_key`` and ``data.answer_key`` (verl's layout).
 
-Bad rows raise :class:`PromptFileError` naming the file and line (row for Parquet).
+Bad rows raise :class:`PromptFileError` naming the file and line (row for Parquet). A row's other
+fields travel with its answer as :attr:`GroundTruth.extra`, for reward functions that take them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,20 @@ import os
 
 class PromptFileError(ValueError):
     pass
+
+
+class GroundTruth(str):
+    """The answer string of a row; ``extra`` holds the row's other fields (not prompt or answer)."""
+
+    extra: dict
+
+    def __new__(cls, value: str, extra: dict | None = None):
+        obj = super().__new__(cls, value)
+        obj.extra = dict(extra or {})
+        return obj
+
+    def __reduce__(self):
+        return (GroundTruth, (str(self), self.extra))
 
 
 def _rows_jsonl(path: str, pk: str, ak: str) -> list[tuple[str, str]]:
@@ -32,7 +47,8 @@ def _row(obj, path, where, pk, ak) -> tuple[str, str]:
         raise PromptFileError(f"{path}: {where}: expected a JSON object, got {type(obj).__name__}")
     if pk not in obj:
         raise PromptFileError(f"{path}: {where}: missing '{pk}' (data.prompt_key); keys: {', '.join(map(str, obj))}")
-    return str(obj[pk]), "" if obj.get(ak) is None else str(obj[ak])
+    extra = {k: v for k, v in obj.items() if k not in (pk, ak)}
+    return str(obj[pk]), GroundTruth("" if obj.get(ak) is None else str(obj[ak]), extra)
 
 
 def _rows_parquet(path: str, pk: str, ak: str) -> list[tuple[str, str]]:
@@ -44,16 +60,17 @@ def _rows_parquet(path: str, pk: str, ak: str) -> list[tuple[str, str]]:
     return [_row(obj, path, f"row {i}", pk, ak) for i, obj in enumerate(table)]
 
 
-def load_prompt_file(config) -> list[tuple[str, str]]:
-    """All (prompt, answer) rows of ``data.train_files`` (comma-separated, relative to the config)."""
+def load_prompt_file(config, files: str | None = None, key: str = "data.train_files") -> list[tuple[str, str]]:
+    """All (prompt, answer) rows of ``data.train_files`` (or ``files``; comma-separated, relative to the config)."""
     d = config.data
+    files = d.train_files if files is None else files
     rows: list[tuple[str, str]] = []
-    for name in str(d.train_files).split(","):
+    for name in str(files).split(","):
         path = name if os.path.isabs(name) else os.path.join(config.source_dir or os.getcwd(), name)
         if not os.path.exists(path):
             path = name
         loader = _rows_parquet if path.endswith(".parquet") else _rows_jsonl
         rows += loader(path, d.prompt_key, d.answer_key)
     if not rows:
-        raise PromptFileError(f"data.train_files={d.train_files!r}: no rows")
+        raise PromptFileError(f"{key}={files!r}: no rows")
     return rows

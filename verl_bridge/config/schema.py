@@ -51,6 +51,8 @@ class TrainerConfig:
     keep_last: int = 2
     nproc_per_node: int = 1
     progress_bar: Optional[bool] = None  # None = on a TTY only
+    eval_every: int = 0  # evaluate on held-out prompts every N steps; 0 = off
+    eval_before_train: bool = False  # also evaluate before the first step (logged as step 0)
 
 
 @dataclass(kw_only=True)
@@ -96,6 +98,8 @@ class DataConfig:
     train_files: Optional[str] = None
     prompt_key: str = "prompt"
     answer_key: str = "answer"
+    eval_files: Optional[str] = None  # held-out prompts (JSONL/Parquet); toy tasks use a held-out seed stream
+    eval_samples: int = 32  # prompts per evaluation (global, divided across DP ranks)
 
 
 @dataclass(kw_only=True)
@@ -156,6 +160,7 @@ class RolloutConfig:
     verify_sync: bool = True
     verify_threshold: float = 1e-3
     gpu_memory_utilization: float = 0.5
+    eval_temperature: float = 0.0  # 0 = greedy decoding in evaluation
 
 
 @dataclass(kw_only=True)

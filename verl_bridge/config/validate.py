@@ -85,6 +85,7 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True) -> list
     _range(p, "trainer.log_every", t.log_every, lo=1)
     _range(p, "trainer.keep_last", t.keep_last, lo=1)
     _range(p, "trainer.nproc_per_node", t.nproc_per_node, lo=1)
+    _range(p, "trainer.eval_every", t.eval_every, lo=0)
     ta = t.args
     _range(p, "trainer.args.tp_size", ta.tp_size, lo=1)
     _range(p, "trainer.args.pp_size", ta.pp_size, lo=1)
@@ -163,6 +164,18 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True) -> list
         if d.rollout_batch_size % d.num_rollout_workers:
             p.append(f"data.num_rollout_workers={d.num_rollout_workers} does not divide "
                      f"data.rollout_batch_size={d.rollout_batch_size}")
+    _range(p, "data.eval_samples", d.eval_samples, lo=1)
+    if dp and isinstance(d.eval_samples, int) and d.eval_samples >= 1 and d.eval_samples % dp:
+        p.append(f"data.eval_samples={d.eval_samples} prompts do not divide across dp={dp} ranks")
+    evaluating = bool(t.eval_every) or t.eval_before_train is True
+    if evaluating and d.train_files is not None and d.eval_files is None:
+        p.append("data.eval_files: evaluation (trainer.eval_every / eval_before_train) with data.train_files "
+                 "needs held-out prompts; set data.eval_files to a JSONL/Parquet file")
+    if d.eval_files is not None and check_paths:
+        for f in str(d.eval_files).split(","):
+            full = f if os.path.isabs(f) else os.path.join(cfg.source_dir or os.getcwd(), f)
+            if not os.path.exists(full) and not os.path.exists(f):
+                p.append(f"data.eval_files={f!r}: file not found")
     from verl_bridge.rewards import TASKS
 
     if d.train_files is None:
@@ -179,6 +192,7 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True) -> list
     # --- rollout
     _choice(p, "rollout.engine", r.engine, S.ENGINES)
     _range(p, "rollout.temperature", r.temperature, lo=0.0)
+    _range(p, "rollout.eval_temperature", r.eval_temperature, lo=0.0)
     _range(p, "rollout.top_p", r.top_p, lo=0.0, hi=1.0, lo_open=True)
     _range(p, "rollout.top_k", r.top_k, lo=0)
     _range(p, "rollout.bucket_mb", r.bucket_mb, lo=1)
@@ -224,7 +238,10 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True) -> list
         _choice(p, "model.reference.type", m.reference.type, S.ACTOR_TYPES)
     _choice(p, "model.reward.type", m.reward.type, S.REWARD_TYPES)
     if m.reward.type == "function":
-        _check_hook(p, "model.reward.args.path", m.reward.args.path, src, check_paths)
+        from verl_bridge.rewards.loading import BUILTIN_REWARDS
+
+        if m.reward.args.path not in BUILTIN_REWARDS:
+            _check_hook(p, "model.reward.args.path", m.reward.args.path, src, check_paths)
     elif m.reward.type == "model" and not (m.reward.args.model_name_or_path or m.reward.args.model_provider):
         p.append("model.reward: type 'model' needs args.model_name_or_path or args.model_provider")
     return p
