@@ -78,6 +78,7 @@ class ModelArgs:
 class ModelRole:
     type: str = "megatron"
     args: ModelArgs = field(default_factory=ModelArgs)
+    placement: Any = "colocated"  # or {ranks: N, tp_size: T}: own ranks (verl_bridge.placement.spec)
 
 
 @dataclass(kw_only=True)

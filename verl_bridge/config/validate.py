@@ -75,6 +75,11 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True) -> list
     p: list[str] = []
     t, a, d, r, m = cfg.trainer, cfg.algorithm, cfg.data, cfg.rollout, cfg.model
 
+    # --- placement: a separate reward group leaves the actor the rest of the world
+    from verl_bridge.placement.spec import check_placements
+
+    world_size = check_placements(p, cfg, world_size)
+
     # --- trainer and parallel arithmetic
     _choice(p, "trainer.type", t.type, ("megatron",))
     _choice(p, "trainer.device", t.device, S.DEVICES)
@@ -242,6 +247,8 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True) -> list
 
         if m.reward.args.path not in BUILTIN_REWARDS:
             _check_hook(p, "model.reward.args.path", m.reward.args.path, src, check_paths)
-    elif m.reward.type == "model" and not (m.reward.args.model_name_or_path or m.reward.args.model_provider):
-        p.append("model.reward: type 'model' needs args.model_name_or_path or args.model_provider")
+    elif m.reward.type == "model" and not (m.reward.args.model_name_or_path or m.reward.args.model_provider
+                                           or m.reward.args.preset or m.reward.args.path):
+        p.append("model.reward: type 'model' needs args.preset (e.g. tiny), args.model_name_or_path, "
+                 "args.model_provider, or args.path ('module:function' returning a scorer)")
     return p
