@@ -91,6 +91,34 @@ def init_model_parallel(tp_size: int, pp_size: int, sequence_parallel: bool = Fa
     return current_layout(sequence_parallel)
 
 
+# this rank's role DP group when roles run on separate ranks (verl_bridge.placement.groups): megatron's
+# DP groups span the whole world, so the trainer's DP reductions use this one instead
+_DP_OVERRIDE: tuple | None = None  # (group, ranks)
+
+
+def set_data_parallel_group(group, ranks: list[int] | None) -> None:
+    global _DP_OVERRIDE
+    _DP_OVERRIDE = None if ranks is None else (group, list(ranks))
+
+
+def data_parallel_group():
+    from megatron.core import parallel_state as mpu
+
+    return _DP_OVERRIDE[0] if _DP_OVERRIDE else mpu.get_data_parallel_group()
+
+
+def data_parallel_world_size() -> int:
+    from megatron.core import parallel_state as mpu
+
+    return len(_DP_OVERRIDE[1]) if _DP_OVERRIDE else mpu.get_data_parallel_world_size()
+
+
+def data_parallel_rank() -> int:
+    from megatron.core import parallel_state as mpu
+
+    return _DP_OVERRIDE[1].index(dist.get_rank()) if _DP_OVERRIDE else mpu.get_data_parallel_rank()
+
+
 def current_layout(sequence_parallel: bool = False) -> ParallelLayout:
     from megatron.core import parallel_state as mpu
 
@@ -99,10 +127,10 @@ def current_layout(sequence_parallel: bool = False) -> ParallelLayout:
         rank=dist.get_rank(),
         tp_size=mpu.get_tensor_model_parallel_world_size(),
         pp_size=mpu.get_pipeline_model_parallel_world_size(),
-        dp_size=mpu.get_data_parallel_world_size(),
+        dp_size=data_parallel_world_size(),
         tp_rank=mpu.get_tensor_model_parallel_rank(),
         pp_rank=mpu.get_pipeline_model_parallel_rank(),
-        dp_rank=mpu.get_data_parallel_rank(),
+        dp_rank=data_parallel_rank(),
         device=pick_device(),
         sequence_parallel=sequence_parallel,
     )
@@ -121,6 +149,7 @@ def seed_everything(seed: int) -> None:
 def destroy() -> None:
     from megatron.core import parallel_state as mpu
 
+    set_data_parallel_group(None, None)
     if mpu.model_parallel_is_initialized():
         mpu.destroy_model_parallel()
     if dist.is_available() and dist.is_initialized():

@@ -36,12 +36,12 @@ class TorchOptimizer:
         self.optimizer.zero_grad(set_to_none=True)
 
     def _reduce_dp(self) -> None:
-        from megatron.core import parallel_state as mpu
+        from verl_bridge.parallel import data_parallel_group, data_parallel_world_size
 
-        dp = mpu.get_data_parallel_world_size()
+        dp = data_parallel_world_size()
         if dp == 1:
             return
-        group = mpu.get_data_parallel_group()
+        group = data_parallel_group()
         grads = [p.grad for p in self.params if p.grad is not None]
         if not grads:
             return

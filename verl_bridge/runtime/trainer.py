@@ -46,24 +46,24 @@ class Roles:
 
 
 def _mean_over_dp(values: dict[str, float]) -> dict[str, float]:
-    from megatron.core import parallel_state as mpu
+    from verl_bridge.parallel import data_parallel_group, data_parallel_world_size
 
-    dp = mpu.get_data_parallel_world_size()
+    dp = data_parallel_world_size()
     if dp == 1 or not values:
         return values
     keys = sorted(values)
     t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
-    dist.all_reduce(t, group=mpu.get_data_parallel_group())
+    dist.all_reduce(t, group=data_parallel_group())
     return {k: float(v) / dp for k, v in zip(keys, t.tolist())}
 
 
 def _sum_over_dp(x: float) -> float:
-    from megatron.core import parallel_state as mpu
+    from verl_bridge.parallel import data_parallel_group, data_parallel_world_size
 
-    if mpu.get_data_parallel_world_size() == 1:
+    if data_parallel_world_size() == 1:
         return x
     t = torch.tensor([x], dtype=torch.float64)
-    dist.all_reduce(t, group=mpu.get_data_parallel_group())
+    dist.all_reduce(t, group=data_parallel_group())
     return float(t.item())
 
 
