@@ -33,15 +33,32 @@ def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tenso
 
 
 class NativeEngine:
-    def __init__(self, model: torch.nn.Module, device: torch.device):
+    """Generate with the actor's megatron modules; on CUDA, with :mod:`.fast_decode` when it applies.
+
+    ``fast``: ``None`` (default) uses the CUDA-graph fast decoder on CUDA whenever
+    :func:`~verl_bridge.rollout.fast_decode.unsupported_reason` finds nothing against the model, and
+    the module path otherwise (CPU, TP>1, Transformer Engine specs, ...). ``True`` / ``False`` force it.
+    """
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, fast: bool | None = None):
         self.model = model
         self.device = device
+        self.fast = None
+        from verl_bridge.rollout.fast_decode import FastEngine, unsupported_reason
+
+        self.fast_reason = unsupported_reason(model)
+        if fast is None:
+            fast = device.type == "cuda" and self.fast_reason is None
+        if fast:
+            self.fast = FastEngine(model, device)
 
     def sync_weights(self) -> None:  # shares the actor's parameters
         return None
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:
+        if self.fast is not None:
+            return self.fast.generate(prompts, params, seed)
         from megatron.core import parallel_state as mpu
         from megatron.core.inference.contexts import StaticInferenceContext
 

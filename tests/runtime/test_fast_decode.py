@@ -1,0 +1,118 @@
+"""The functional fast decoder computes what megatron's GPTModel forward computes, on its live weights.
+
+CPU runs the eager version of the exact step the CUDA graph captures (the graph itself needs a GPU:
+``benchmarks/rollout.py`` runs it on CUDA and checks it against the module path there).
+"""
+
+import pytest
+import torch
+
+from tests.dist_utils import run_distributed
+
+
+def _hf_model(arch, tmp):
+    from tests.arch.tiny_hf import make_tiny_hf
+    from verl_bridge.arch import hf_model_provider
+
+    make_tiny_hf(arch, tmp)
+    return hf_model_provider(str(tmp))(True, True)
+
+
+def _tiny_model():
+    from verl_bridge.config.schema import ModelArgs
+    from verl_bridge.models.tiny import tiny_model_provider
+
+    return tiny_model_provider(ModelArgs(num_query_groups=2), 16, 64)(True, True)
+
+
+def _check_logits(rank, world_size, archs, tmp):
+    from verl_bridge.parallel import init_model_parallel, seed_everything
+    from verl_bridge.rollout.fast_decode import FastDecoder, _State
+    from verl_bridge.runtime.batch import model_inputs
+
+    init_model_parallel(1, 1)
+    for arch in archs:
+        seed_everything(0)
+        model = _tiny_model() if arch == "tiny" else _hf_model(arch, tmp / arch)
+        model.eval()
+        vocab = 16 if arch == "tiny" else 100
+        dec = FastDecoder(model)
+        g = torch.Generator().manual_seed(1)
+        B, P, R = 3, 7, 5
+        seq = torch.randint(2, vocab, (B, P + R), generator=g)
+        mask = torch.ones(B, P + R, dtype=torch.long)
+        mask[0, :3] = 0  # left padding in two rows
+        mask[2, :1] = 0
+        seq[mask == 0] = 0
+        with torch.no_grad():
+            ids, pos, m = model_inputs(seq, mask)
+            ref = model(ids, pos, m).float()  # [B, S, V] module forward, no cache
+            st = _State(dec, B, P, R, torch.device("cpu"), torch.float32)
+            valid = mask[:, :P].bool()
+            attend = (torch.ones(P, P, dtype=torch.bool).tril()[None] & valid[:, None, :]) | torch.eye(P, dtype=torch.bool)[None]
+            got = dec.forward_prefill(seq[:, :P], attend, pos[:, :P], st.cache_k, st.cache_v)
+            real = mask[:, :P].bool()
+            torch.testing.assert_close(got[real], ref[:, :P][real], atol=2e-5, rtol=1e-4, msg=f"{arch} prefill")
+            st.key_valid[:, :P] = valid
+            for t in range(R):  # teacher-forced decode through the static cache
+                idx = torch.tensor(P + t)
+                st.key_valid[:, P + t] = True
+                step = dec.forward_decode(seq[:, P + t], pos[:, P + t], idx, st.key_valid, st.cache_k, st.cache_v)
+                torch.testing.assert_close(step, ref[:, P + t], atol=2e-5, rtol=1e-4, msg=f"{arch} decode step {t}")
+
+
+def test_fast_decoder_matches_module_forward(tmp_path):
+    """Prefill and every decode step equal GPTModel.forward logits: Llama (GQA, untied), Qwen2 (QKV bias,
+    tied), OPT (learned positions, LayerNorm, biases, ReLU) and the tiny preset."""
+    run_distributed(_check_logits, 1, ["tiny", "llama", "qwen2", "opt"], tmp_path)
+
+
+def _greedy_same_as_native(rank, world_size):
+    from verl_bridge.parallel import init_model_parallel, seed_everything
+    from verl_bridge.rollout.base import SamplingParams
+    from verl_bridge.rollout.fast_decode import FastEngine
+    from verl_bridge.rollout.native import NativeEngine
+
+    init_model_parallel(1, 1)
+    seed_everything(0)
+    model = _tiny_model()
+    prompts = [[1, 5, 6, 7], [1, 9], [1, 3, 3, 3, 3, 3, 2, 4, 5]]
+    sp = SamplingParams(max_new_tokens=6, temperature=0.0, eos_token_id=None, pad_token_id=0)
+    a = NativeEngine(model, torch.device("cpu")).generate(prompts, sp, seed=0)
+    b = FastEngine(model, torch.device("cpu"), pad_to=16).generate(prompts, sp, seed=0)
+    assert b.prompt_ids.shape[1] == 16  # rounded up so steps of different widths share one graph
+    assert torch.equal(a.response_ids, b.response_ids)
+    assert torch.equal(a.response_mask, b.response_mask)
+
+    # sampling: seeded runs repeat; EOS stops a row and masks what follows
+    sp = SamplingParams(max_new_tokens=12, temperature=1.0, eos_token_id=3, pad_token_id=0)
+    eng = FastEngine(model, torch.device("cpu"))
+    x = eng.generate(prompts, sp, seed=7)
+    y = eng.generate(prompts, sp, seed=7)
+    assert torch.equal(x.response_ids, y.response_ids)
+    for row, m in zip(x.response_ids, x.response_mask):
+        hits = (row == 3).nonzero()
+        if len(hits):
+            first = int(hits[0])
+            assert m[: first + 1].all() and not m[first + 1:].any()
+            assert (row[first + 1:] == 0).all()
+
+    # weights are read in place: an update to the model changes the next generation
+    before = eng.generate(prompts, SamplingParams(max_new_tokens=3, temperature=0.0, pad_token_id=0), seed=0)
+    with torch.no_grad():
+        model.output_layer.weight.mul_(-1.0)  # an in-place "optimizer step": greedy picks change
+    sp = SamplingParams(max_new_tokens=3, temperature=0.0, eos_token_id=None, pad_token_id=0)
+    z = eng.generate(prompts, sp, seed=0)
+    ref = NativeEngine(model, torch.device("cpu")).generate(prompts, sp, seed=0)
+    assert not torch.equal(z.response_ids, before.response_ids)
+    assert torch.equal(z.response_ids, ref.response_ids)
+
+
+def test_fast_engine_greedy_equals_native_engine():
+    run_distributed(_greedy_same_as_native, 1)
+
+
+def test_unsupported_models_are_named():
+    from verl_bridge.rollout.fast_decode import unsupported_reason
+
+    assert "GPTModel" in unsupported_reason(torch.nn.Linear(2, 2))

@@ -1,0 +1,408 @@
+"""A functional, CUDA-graph decoder that reads a megatron-core ``GPTModel``'s parameters in place.
+
+Why: megatron's module forward costs a few hundred Python-level operations per layer and token.
+At decode time (one token per row) that overhead, not the GPU, sets the speed. This module runs
+the *same* math on the *same* parameter tensors (no copy, so there is nothing to sync after an
+optimizer step) as a short functional program with a static KV cache, and on CUDA captures one
+decode step -- all layers, sampling, EOS bookkeeping -- in a CUDA graph that is replayed once per
+token.
+
+Supported models (everything else falls back to the module path in
+:class:`verl_bridge.rollout.native.NativeEngine`, with :func:`unsupported_reason` saying why):
+TP=1, PP=1, megatron-core ``GPTModel`` built from the local / portable spec, RMSNorm or LayerNorm
+(not zero-centred), RoPE (not interleaved, full rotary dimension) or learned absolute positions,
+gated (SwiGLU-style) or plain MLP, optional linear biases, GQA, tied or untied output layer.
+
+Numerics follow megatron: the fused QKV projection is split per query group
+(``[q_1..q_r, k, v]`` for each group), RoPE uses the positions of the padded sequence (RoPE is
+relative, so left padding changes nothing), ``cos``/``sin`` are computed in fp32 and cast to the
+activation dtype, the MLP's fused ``linear_fc1`` is ``[gate; up]``. Tests compare logits with the
+module forward at every step.
+
+Sampling is Gumbel-max (``argmax(logits / T + Gumbel noise)``), which draws from exactly
+``softmax(logits / T)`` and needs no host synchronisation, so it can live inside the graph;
+top-k / top-p filtering happens before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from verl_bridge.rollout.base import RolloutBatch, SamplingParams
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """Strip DDP / Float16Module wrappers down to the GPTModel."""
+    while hasattr(model, "module") and not hasattr(model, "decoder"):
+        model = model.module
+    return model
+
+
+def unsupported_reason(model: torch.nn.Module) -> Optional[str]:
+    """``None`` when :class:`FastDecoder` can run ``model``; otherwise the reason it cannot."""
+    m = unwrap(model)
+    if not hasattr(m, "decoder") or not hasattr(m, "embedding"):
+        return "not a megatron-core GPTModel with pre- and post-processing (PP>1 stages are not supported)"
+    if not getattr(m, "post_process", True) or not hasattr(m, "output_layer"):
+        return "the model has no output layer on this rank"
+    c = m.config
+    if getattr(c, "tensor_model_parallel_size", 1) != 1:
+        return f"tensor_model_parallel_size={c.tensor_model_parallel_size} (the fast decoder runs at TP=1)"
+    if getattr(c, "pipeline_model_parallel_size", 1) != 1:
+        return "pipeline parallelism"
+    if c.normalization not in ("RMSNorm", "LayerNorm"):
+        return f"normalization={c.normalization}"
+    if getattr(c, "layernorm_zero_centered_gamma", False):
+        return "zero-centred layer-norm gamma"
+    if getattr(c, "qk_layernorm", False) or getattr(c, "multi_latent_attention", False):
+        return "q/k layer norm or multi-latent attention"
+    if getattr(c, "num_moe_experts", None):
+        return "mixture of experts"
+    pe = getattr(m, "position_embedding_type", "rope")
+    if pe not in ("rope", "learned_absolute"):
+        return f"position_embedding_type={pe}"
+    if pe == "rope":
+        rope = m.rotary_pos_emb
+        if getattr(rope, "rotary_interleaved", False) or getattr(c, "rotary_interleaved", False):
+            return "interleaved RoPE"
+        if rope.inv_freq.numel() * 2 != c.kv_channels:
+            return "partial rotary dimension"
+        if getattr(rope, "seq_len_interpolation_factor", None):
+            return "RoPE sequence-length interpolation"
+    layer = m.decoder.layers[0]
+    for name in ("input_layernorm", "pre_mlp_layernorm"):
+        if not hasattr(getattr(layer, name, None), "weight"):
+            return f"layer norm fused into the linear layers ({name} is not a separate norm: Transformer Engine spec)"
+    if c.apply_residual_connection_post_layernorm:
+        return "apply_residual_connection_post_layernorm"
+    return None
+
+
+def _norm(x, weight, bias, kind: str, eps: float):
+    if kind == "RMSNorm":
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return (xf * weight.float()).to(x.dtype) if weight.dtype != x.dtype else xf.to(x.dtype) * weight
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def _rotate_half(x):
+    x1, x2 = torch.chunk(x, 2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+@dataclass
+class _Layer:
+    ln1_w: torch.Tensor
+    ln1_b: Optional[torch.Tensor]
+    qkv_w: torch.Tensor
+    qkv_b: Optional[torch.Tensor]
+    proj_w: torch.Tensor
+    proj_b: Optional[torch.Tensor]
+    ln2_w: torch.Tensor
+    ln2_b: Optional[torch.Tensor]
+    fc1_w: torch.Tensor
+    fc1_b: Optional[torch.Tensor]
+    fc2_w: torch.Tensor
+    fc2_b: Optional[torch.Tensor]
+
+
+class FastDecoder:
+    """Prefill + static-KV-cache decode on a GPTModel's live parameters; CUDA graphs on GPU."""
+
+    def __init__(self, model: torch.nn.Module, use_cuda_graphs: Optional[bool] = None):
+        reason = unsupported_reason(model)
+        if reason:
+            raise ValueError(f"FastDecoder cannot run this model: {reason}")
+        self.model = unwrap(model)
+        c = self.model.config
+        self.kind = c.normalization
+        self.eps = c.layernorm_epsilon
+        self.num_heads = c.num_attention_heads
+        self.num_groups = c.num_query_groups or c.num_attention_heads
+        self.head_dim = c.kv_channels
+        self.rep = self.num_heads // self.num_groups
+        self.scale = c.softmax_scale if getattr(c, "softmax_scale", None) else self.head_dim ** -0.5
+        self.gated = c.gated_linear_unit
+        self.act = c.activation_func
+        self.rope = getattr(self.model, "position_embedding_type", "rope") == "rope"
+        self.use_cuda_graphs = use_cuda_graphs
+        self._graphs: dict = {}
+
+    # ------------------------------------------------------------------ weights (views, no copies)
+    def _layers(self) -> list[_Layer]:
+        out = []
+        for layer in self.model.decoder.layers:
+            att, mlp = layer.self_attention, layer.mlp
+            out.append(_Layer(
+                layer.input_layernorm.weight, getattr(layer.input_layernorm, "bias", None),
+                att.linear_qkv.weight, att.linear_qkv.bias, att.linear_proj.weight, att.linear_proj.bias,
+                layer.pre_mlp_layernorm.weight, getattr(layer.pre_mlp_layernorm, "bias", None),
+                mlp.linear_fc1.weight, mlp.linear_fc1.bias, mlp.linear_fc2.weight, mlp.linear_fc2.bias,
+            ))
+        return out
+
+    def _output_weight(self) -> torch.Tensor:
+        m = self.model
+        if m.share_embeddings_and_output_weights:
+            return m.shared_embedding_or_output_weight()
+        return m.output_layer.weight
+
+    def _fingerprint(self) -> tuple:
+        return tuple(p.data_ptr() for p in self.model.parameters())
+
+    # ------------------------------------------------------------------ math
+    def _embed(self, ids, abs_pos):
+        emb = self.model.embedding
+        x = F.embedding(ids, emb.word_embeddings.weight)
+        if not self.rope:
+            x = x + F.embedding(abs_pos, emb.position_embeddings.weight)
+        return x
+
+    def _cos_sin(self, rope_pos, dtype):
+        freqs = rope_pos.float()[..., None] * self.model.rotary_pos_emb.inv_freq.float()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def _qkv(self, L: _Layer, h, cos, sin):
+        """h [B, S, D] -> q [B, G, S, r, hd], k/v [B, G, S, hd] (RoPE applied)."""
+        B, S, _ = h.shape
+        qkv = F.linear(h, L.qkv_w, L.qkv_b).view(B, S, self.num_groups, (self.rep + 2) * self.head_dim)
+        hd = self.head_dim
+        q = qkv[..., : self.rep * hd].reshape(B, S, self.num_groups, self.rep, hd)
+        k = qkv[..., self.rep * hd: (self.rep + 1) * hd]
+        v = qkv[..., (self.rep + 1) * hd:]
+        if cos is not None:
+            c, s = cos[:, :, None, :], sin[:, :, None, :]  # [B, S, 1, hd]
+            q = q * c[..., None, :] + _rotate_half(q) * s[..., None, :]
+            k = k * c + _rotate_half(k) * s
+        return q.permute(0, 2, 1, 3, 4), k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
+
+    def _mlp(self, L: _Layer, x):
+        h = _norm(x, L.ln2_w, L.ln2_b, self.kind, self.eps)
+        h = F.linear(h, L.fc1_w, L.fc1_b)
+        if self.gated:
+            g, u = torch.chunk(h, 2, dim=-1)
+            h = self.act(g) * u
+        else:
+            h = self.act(h)
+        return x + F.linear(h, L.fc2_w, L.fc2_b)
+
+    def _logits(self, x):
+        m = self.model
+        fl = m.decoder.final_layernorm
+        x = _norm(x, fl.weight, getattr(fl, "bias", None), self.kind, self.eps)
+        return F.linear(x, self._output_weight()).float()
+
+    def forward_prefill(self, ids, attend, abs_pos, cache_k, cache_v):
+        """Full forward over the prompt; fills ``cache_[kv][l][:, :, :S]``; returns logits [B, S, V].
+
+        ``attend`` [B, S, S] bool (True = may attend).
+        """
+        B, S = ids.shape
+        x = self._embed(ids, abs_pos)
+        cos = sin = None
+        if self.rope:
+            cos, sin = self._cos_sin(torch.arange(S, device=ids.device).expand(B, S), x.dtype)
+        mask = attend[:, None]
+        for i, L in enumerate(self._layers()):
+            h = _norm(x, L.ln1_w, L.ln1_b, self.kind, self.eps)
+            q, k, v = self._qkv(L, h, cos, sin)
+            cache_k[i][:, :, :S] = k
+            cache_v[i][:, :, :S] = v
+            qh = q.permute(0, 1, 3, 2, 4).reshape(B, self.num_heads, S, self.head_dim)
+            kh = k.repeat_interleave(self.rep, dim=1)
+            vh = v.repeat_interleave(self.rep, dim=1)
+            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=self.scale)
+            o = o.permute(0, 2, 1, 3).reshape(B, S, self.num_heads * self.head_dim)
+            x = x + F.linear(o, L.proj_w, L.proj_b)
+            x = self._mlp(L, x)
+        return self._logits(x)
+
+    def forward_decode(self, tok, abs_pos, write_idx, key_valid, cache_k, cache_v):
+        """One token per row at cache slot ``write_idx`` (0-dim long tensor); returns logits [B, V]."""
+        B = tok.shape[0]
+        x = self._embed(tok[:, None], abs_pos[:, None])
+        cos = sin = None
+        if self.rope:
+            cos, sin = self._cos_sin(write_idx.expand(B, 1), x.dtype)
+        neg = torch.finfo(torch.float32).min
+        bias = torch.zeros(key_valid.shape, dtype=torch.float32, device=tok.device).masked_fill(~key_valid, neg)
+        bias = bias[:, None, None, :]  # [B, 1, 1, L]
+        idx = write_idx.view(1)
+        for i, L in enumerate(self._layers()):
+            h = _norm(x, L.ln1_w, L.ln1_b, self.kind, self.eps)
+            q, k, v = self._qkv(L, h, cos, sin)  # q [B,G,1,r,hd], k/v [B,G,1,hd]
+            cache_k[i].index_copy_(2, idx, k)
+            cache_v[i].index_copy_(2, idx, v)
+            q = q[:, :, 0]  # [B, G, r, hd]
+            scores = torch.matmul(q, cache_k[i].transpose(-1, -2)).float() * self.scale + bias  # [B,G,r,L]
+            probs = torch.softmax(scores, dim=-1).to(q.dtype)
+            o = torch.matmul(probs, cache_v[i]).reshape(B, 1, self.num_heads * self.head_dim)
+            x = x + F.linear(o, L.proj_w, L.proj_b)
+            x = self._mlp(L, x)
+        return self._logits(x)[:, 0]
+
+
+def gumbel_sample(logits: torch.Tensor, temperature: float, top_p: float, top_k: int,
+                  generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Draw from softmax(logits / T) after top-k / top-p filtering, without a host sync."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop = probs.cumsum(dim=-1) - probs > top_p
+        logits = logits.scatter(-1, idx, sorted_logits.masked_fill(drop, float("-inf")))
+    u = torch.rand(logits.shape, device=logits.device, generator=generator).clamp_(min=1e-10)
+    return (logits - torch.log(-torch.log(u))).argmax(dim=-1)
+
+
+class _State:
+    """Static buffers of one (batch, prompt width, new tokens) shape: what a CUDA graph reads and writes."""
+
+    def __init__(self, dec: FastDecoder, B: int, P: int, R: int, device, dtype):
+        L = P + R
+        G, hd = dec.num_groups, dec.head_dim
+        n = len(dec.model.decoder.layers)
+        self.cache_k = [torch.zeros(B, G, L, hd, device=device, dtype=dtype) for _ in range(n)]
+        self.cache_v = [torch.zeros(B, G, L, hd, device=device, dtype=dtype) for _ in range(n)]
+        self.key_valid = torch.zeros(B, L, dtype=torch.bool, device=device)
+        self.tok = torch.zeros(B, dtype=torch.long, device=device)
+        self.abs_pos = torch.zeros(B, dtype=torch.long, device=device)
+        self.write_idx = torch.zeros((), dtype=torch.long, device=device)
+        self.t = torch.zeros((), dtype=torch.long, device=device)
+        self.done = torch.zeros(B, dtype=torch.bool, device=device)
+        self.response = torch.zeros(B, R, dtype=torch.long, device=device)
+        self.resp_mask = torch.zeros(B, R, dtype=torch.long, device=device)
+        self.graph = None
+
+
+class FastEngine:
+    """:class:`~verl_bridge.rollout.base.RolloutEngine` on :class:`FastDecoder` (TP=1 only).
+
+    Prompt widths are rounded up to a multiple of ``pad_to`` (extra left padding, masked) so that
+    steps with slightly different prompt lengths reuse one captured graph.
+    """
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, use_cuda_graphs: Optional[bool] = None,
+                 pad_to: int = 16):
+        self.decoder = FastDecoder(model)
+        self.device = device
+        self.graphs = device.type == "cuda" if use_cuda_graphs is None else use_cuda_graphs
+        self.pad_to = pad_to
+        self._states: dict = {}
+        self._fp = None
+
+    def sync_weights(self) -> None:  # parameters are read in place
+        return None
+
+    def _step(self, st: _State, params: SamplingParams, gen):
+        dec = self.decoder
+        st.key_valid.index_fill_(1, st.write_idx.view(1), True)
+        logits = dec.forward_decode(st.tok, st.abs_pos, st.write_idx, st.key_valid, st.cache_k, st.cache_v)
+        self._emit(st, logits, params, gen)
+
+    def _emit(self, st: _State, logits, params: SamplingParams, gen):
+        tok = gumbel_sample(logits, params.temperature, params.top_p, params.top_k, generator=gen)
+        tok = torch.where(st.done, torch.full_like(tok, params.pad_token_id), tok)
+        t = st.t.view(1)
+        st.response.index_copy_(1, t, tok[:, None])
+        st.resp_mask.index_copy_(1, t, (~st.done).long()[:, None])
+        if params.eos_token_id is not None:
+            st.done |= tok == params.eos_token_id
+        st.tok.copy_(tok)
+        st.abs_pos += 1
+        st.write_idx += 1
+        st.t += 1
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:
+        from verl_bridge.rollout.native import left_pad
+
+        dec = self.decoder
+        model = dec.model
+        was_training = model.training
+        model.eval()
+        dev = self.device
+        width = max(len(p) for p in prompts)
+        width = -(-width // self.pad_to) * self.pad_to
+        prompt_ids, prompt_mask = left_pad(prompts, params.pad_token_id, dev)
+        if prompt_ids.shape[1] < width:
+            extra = width - prompt_ids.shape[1]
+            prompt_ids = F.pad(prompt_ids, (extra, 0), value=params.pad_token_id)
+            prompt_mask = F.pad(prompt_mask, (extra, 0), value=0)
+        B, P = prompt_ids.shape
+        R = params.max_new_tokens
+        dtype = dec._output_weight().dtype
+        fp = dec._fingerprint()
+        if fp != self._fp:  # parameters were re-allocated: captured graphs point at old memory
+            self._states.clear()
+            self._fp = fp
+        key = (B, P, R, params.temperature, params.top_p, params.top_k, params.eos_token_id, params.pad_token_id)
+        st = self._states.get(key)
+        if st is None:
+            st = _State(dec, B, P, R, dev, dtype)
+            self._states[key] = st
+        use_graph = self.graphs and dev.type == "cuda"
+        if use_graph:
+            torch.cuda.manual_seed(seed)
+            gen = None
+        else:
+            gen = torch.Generator(device=dev)
+            gen.manual_seed(seed)
+
+        # prefill (eager): causal + key padding, pad rows attend to themselves
+        valid = prompt_mask.bool()
+        causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
+        attend = (causal[None] & valid[:, None, :]) | torch.eye(P, dtype=torch.bool, device=dev)[None]
+        abs_prefill = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
+        logits = dec.forward_prefill(prompt_ids, attend, abs_prefill, st.cache_k, st.cache_v)[:, -1]
+        st.key_valid.zero_()
+        st.key_valid[:, :P] = valid
+        st.abs_pos.copy_(abs_prefill[:, -1])
+        st.write_idx.fill_(P - 1)  # _emit advances it to P, the first decode slot
+        st.t.zero_()
+        st.done.zero_()
+        st.response.fill_(params.pad_token_id)
+        st.resp_mask.zero_()
+        self._emit(st, logits, params, gen)
+
+        steps = R - 1
+        if use_graph and steps > 0 and st.graph is None:
+            snapshot = [t.clone() for t in (st.tok, st.abs_pos, st.write_idx, st.t, st.done, st.key_valid,
+                                            st.response, st.resp_mask)]
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                self._step(st, params, gen)  # warm-up (allocator, kernels)
+            torch.cuda.current_stream().wait_stream(s)
+            for dst, src in zip((st.tok, st.abs_pos, st.write_idx, st.t, st.done, st.key_valid,
+                                 st.response, st.resp_mask), snapshot):
+                dst.copy_(src)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                self._step(st, params, gen)
+            for dst, src in zip((st.tok, st.abs_pos, st.write_idx, st.t, st.done, st.key_valid,
+                                 st.response, st.resp_mask), snapshot):
+                dst.copy_(src)
+            st.graph = g
+        check_every = 16
+        for i in range(steps):
+            if use_graph:
+                st.graph.replay()
+            else:
+                self._step(st, params, gen)
+            if params.eos_token_id is not None and (i + 1) % check_every == 0 and bool(st.done.all()):
+                break
+        if was_training:
+            model.train()
+        return RolloutBatch(prompt_ids, prompt_mask, st.response.clone(), st.resp_mask.clone())
