@@ -192,6 +192,27 @@ class MegatronBridge:
             load_model_weights(model, args.load_path)
         # model_name_or_path: verl_bridge.arch.hf_model_provider already loaded this rank's HF shard
 
+    def build_hf_critic(self) -> torch.nn.Module:
+        """``model.critic.type: huggingface``: a replicated transformers backbone + value head."""
+        from verl_bridge.runtime.hf_critic import build_hf_critic
+
+        cfg = self.config
+        if self.layout.pp_size > 1:
+            raise BridgeError(
+                f"model.critic.type=huggingface with trainer.args.pp_size={self.layout.pp_size}: the Hugging Face "
+                "critic is replicated on every rank and cannot run inside megatron's pipeline schedule. Use "
+                "pp_size=1, or model.critic.type=megatron (the actor's provider with a value head, pipelined "
+                "like the actor).")
+        path = cfg.model.critic.args.model_name_or_path
+        if path and cfg.source_dir and not os.path.isabs(path) and not os.path.isdir(path):
+            candidate = os.path.join(cfg.source_dir, path)
+            path = candidate if os.path.isdir(candidate) else path
+        try:
+            return build_hf_critic(path, cfg.trainer.precision, self.layout.device)
+        except (OSError, ValueError) as exc:
+            raise BridgeError(f"model.critic.args.model_name_or_path={path!r}: could not load a Hugging Face "
+                              f"model from it ({exc})") from None
+
     def build_roles(self):
         from verl_bridge.runtime.optimizer import build_optimizer
         from verl_bridge.runtime.roles import frozen_copy, to_critic
@@ -210,10 +231,7 @@ class MegatronBridge:
         critic = critic_opt = None
         if cfg.model.critic is not None:
             if cfg.model.critic.type == "huggingface":
-                raise BridgeError(
-                    "model.critic.type='huggingface' validates and plans (--dry-run) but cannot train yet: "
-                    "the Hugging Face value-head critic is not built in this version. Use "
-                    "model.critic.type=megatron (the actor's provider with a scalar value head).")
+                critic = self.build_hf_critic()
             else:
                 critic = build()
                 critic.load_state_dict(actor.state_dict())
