@@ -1,4 +1,8 @@
-"""``verl-bridge plot RUN_DIR [--out FILE]``: reward, KL, losses and throughput over steps as a PNG."""
+"""``verl-bridge plot RUN_DIR [--out FILE]``: reward, KL, losses and throughput over steps as a PNG.
+
+When the run evaluated (``eval/*`` keys, see :mod:`verl_bridge.runtime.evaluation`), an
+"evaluation" panel shows ``eval/reward_mean`` and ``eval/accuracy`` too.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ PANELS = (
     ("losses", ("actor_loss", "critic_loss")),
     ("throughput (tokens/s)", ("throughput_tokens_per_s",)),
 )
+EVAL_PANEL = ("evaluation", ("eval/reward_mean", "eval/accuracy"))
 
 
 def read_metrics(run_dir: str) -> list[dict]:
@@ -33,14 +38,21 @@ def read_metrics(run_dir: str) -> list[dict]:
     return rows
 
 
-def plot_metrics(rows: list[dict], out: str, title: str = "") -> str:
+def build_figure(rows: list[dict], title: str = ""):
+    """The matplotlib figure of ``rows``: 2x2 panels, 2x3 with the evaluation panel when eval ran."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for ax, (name, keys) in zip(axes.flat, PANELS):
+    panels = list(PANELS)
+    if any(k in r for r in rows for k in EVAL_PANEL[1]):
+        panels.append(EVAL_PANEL)
+    cols = 2 if len(panels) <= 4 else 3
+    fig, axes = plt.subplots(2, cols, figsize=(5 * cols, 7))
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    for ax, (name, keys) in zip(axes.flat, panels):
         for key in keys:
             pts = [(r["step"], r[key]) for r in rows if key in r]
             if pts:
@@ -53,6 +65,13 @@ def plot_metrics(rows: list[dict], out: str, title: str = "") -> str:
             ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
+    return fig
+
+
+def plot_metrics(rows: list[dict], out: str, title: str = "") -> str:
+    import matplotlib.pyplot as plt
+
+    fig = build_figure(rows, title)
     tmp = out + ".tmp.png"
     fig.savefig(tmp, dpi=100)
     plt.close(fig)

@@ -17,6 +17,13 @@ def warn(msg: str) -> None:
     print(f"[WARN] {msg}", flush=True)
 
 
+def _eval_text(metrics: dict) -> str:
+    text = f"reward={metrics['eval/reward_mean']:.3f}"
+    if "eval/accuracy" in metrics:
+        text += f", accuracy={metrics['eval/accuracy']:.3f}"
+    return text + f", response_length={metrics['eval/response_length']:.1f}"
+
+
 class MetricsLogger:
     """Rank 0 writes ``<run_dir>/metrics.jsonl`` (one object per step) and the console lines."""
 
@@ -66,12 +73,17 @@ class MetricsLogger:
                 f.write(json.dumps(record) + "\n")
         if self._progress is not None:
             self._progress.update(self._task, completed=step, reward=metrics.get("reward_mean", 0.0))
+        if "actor_loss" not in metrics:  # an evaluation-only record (step 0, before training)
+            info(f"Evaluation at step {step}: {_eval_text(metrics)}")
+            return
         if step % self.log_every == 0 or step == self.total:
             line = (f"Training step {step}: loss={metrics['actor_loss']:.3f}, "
                     f"reward={metrics['reward_mean']:.3f}, kl={metrics['kl']:.3f}")
             if "critic_loss" in metrics:
                 line += f", critic_loss={metrics['critic_loss']:.3f}"
             line += f", entropy={metrics['entropy']:.3f}, {metrics['throughput_tokens_per_s']:.0f} tok/s"
+            if "eval/reward_mean" in metrics:
+                line += f" | eval: {_eval_text(metrics)}"
             if self._progress is not None:
                 self._progress.console.print(f"[INFO] {line}", markup=False, highlight=False)
             else:

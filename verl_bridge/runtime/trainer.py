@@ -325,6 +325,7 @@ class MegatronTrainer:
         """Run ``trainer.total_steps`` steps; returns the per-step metrics (also in metrics.jsonl)."""
         self.setup()
         from verl_bridge.checkpoint.trainer_state import resume_trainer, save_trainer_checkpoint
+        from verl_bridge.runtime.evaluation import evaluate, should_evaluate
 
         resumed = resume_trainer(self)
         if resumed is not None:
@@ -336,9 +337,15 @@ class MegatronTrainer:
             self.logger.reset()
         total = self.config.trainer.total_steps
         try:
+            if self.step == 0 and should_evaluate(self.config, 0):  # eval-only record at step 0
+                e = evaluate(self, 0)
+                self.history.append({"step": 0, **e})
+                self.logger.log(0, e)
             while self.step < total:
                 self.step += 1
                 m = self.train_step(self.step)
+                if should_evaluate(self.config, self.step):
+                    m.update(evaluate(self, self.step))
                 for k in ("actor_loss", "reward_mean", "kl", "entropy"):
                     if not math.isfinite(m.get(k, 0.0)):
                         raise FloatingPointError(f"step {self.step}: {k} is {m[k]} (not finite); lower optim.actor.lr")
