@@ -1,11 +1,15 @@
 """Optimizers for trainable roles.
 
-On CUDA: megatron-core's ``get_megatron_optimizer`` over models wrapped in megatron's
-``DistributedDataParallel`` (the distributed optimizer when ``trainer.args.use_distributed_optimizer``).
-On CPU, megatron's DDP and optimizers allocate CUDA tensors, so :class:`TorchOptimizer` does the
-same job with torch.optim.AdamW: DP gradient all-reduce, a TP/PP-aware global gradient norm
-(megatron's rule: count a parameter once unless it is TP-sharded), clipping, and the step.
-Both expose ``zero_grad()``, ``step() -> (ok, grad_norm)``, ``state_dict()``, ``load_state_dict()``.
+:class:`TorchOptimizer` runs on CPU and CUDA: torch.optim.AdamW (fused on CUDA), DP gradient
+all-reduce, a TP/PP-aware global gradient norm (megatron's rule: count a parameter once unless it
+is TP-sharded) computed on the device with one host sync, clipping, and the step. With bf16/fp16
+parameters it keeps fp32 master weights and fp32 Adam state (what megatron's
+``Float16OptimizerWithFloat16Params`` does) and copies the result back into the model's
+parameters in place, so the rollout engine, which reads those tensors, sees every update.
+
+Not wired yet: megatron-core's ``DistributedDataParallel`` + distributed optimizer (optimizer state
+sharded over DP). On one GPU it would change nothing; for multi-GPU memory it is the next step.
+Interface: ``zero_grad()``, ``step() -> (ok, grad_norm)``, ``state_dict()``, ``load_state_dict()``.
 """
 
 from __future__ import annotations
@@ -21,11 +25,15 @@ class TorchOptimizer:
                  clip_grad: float, warmup_steps: int = 0):
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
-        decay = [p for p in self.params if p.dim() > 1]
-        no_decay = [p for p in self.params if p.dim() <= 1]
+        # bf16 / fp16 parameters: optimise fp32 master copies, write the result back in place
+        self.mixed = any(p.dtype in (torch.bfloat16, torch.float16) for p in self.params)
+        self.masters = ([p.detach().float().clone() for p in self.params] if self.mixed else self.params)
+        decay = [m for p, m in zip(self.params, self.masters) if p.dim() > 1]
+        no_decay = [m for p, m in zip(self.params, self.masters) if p.dim() <= 1]
+        on_cuda = bool(self.params) and self.params[0].is_cuda
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=lr, betas=tuple(betas), eps=eps,
+            lr=lr, betas=tuple(betas), eps=eps, **({"fused": True} if on_cuda else {}),
         )
         self.clip_grad = clip_grad
         self.base_lr = lr
@@ -34,6 +42,9 @@ class TorchOptimizer:
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+        if self.mixed:
+            for p in self.params:
+                p.grad = None
 
     def _reduce_dp(self) -> None:
         from verl_bridge.parallel import data_parallel_group, data_parallel_world_size
@@ -58,12 +69,13 @@ class TorchOptimizer:
         from megatron.core import parallel_state as mpu
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-        sq = torch.zeros(1, dtype=torch.float64)
+        dev = self.params[0].device if self.params else torch.device("cpu")
+        sq = torch.zeros(1, dtype=torch.float64, device=dev)
         for p in self.params:
             if p.grad is None:
                 continue
             if param_is_not_tensor_parallel_duplicate(p):
-                sq += p.grad.detach().double().pow(2).sum().cpu()
+                sq += p.grad.detach().double().pow(2).sum()
         if mpu.get_model_parallel_group() is not None and dist.get_world_size(mpu.get_model_parallel_group()) > 1:
             dist.all_reduce(sq, group=mpu.get_model_parallel_group())
         return math.sqrt(sq.item())
@@ -84,15 +96,29 @@ class TorchOptimizer:
             factor = min(1.0, self.num_steps / self.warmup_steps)
             for g in self.optimizer.param_groups:
                 g["lr"] = self.base_lr * factor
+        if self.mixed:
+            for p, m in zip(self.params, self.masters):
+                m.grad = None if p.grad is None else p.grad.detach().float()
         self.optimizer.step()
+        if self.mixed:
+            with torch.no_grad():
+                for p, m in zip(self.params, self.masters):
+                    p.copy_(m)
         return True, norm
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "num_steps": self.num_steps}
+        out = {"optimizer": self.optimizer.state_dict(), "num_steps": self.num_steps}
+        if self.mixed:
+            out["fp32_masters"] = [m.detach().clone() for m in self.masters]
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.num_steps = state.get("num_steps", 0)
+        if self.mixed:
+            with torch.no_grad():
+                for m, p, saved in zip(self.masters, self.params, state.get("fp32_masters") or [None] * len(self.masters)):
+                    m.copy_(saved if saved is not None else p.float())
 
 
 def build_optimizer(model: torch.nn.Module, optim_cfg) -> TorchOptimizer:
