@@ -161,7 +161,11 @@ class MegatronBridge:
         elif args.model_name_or_path:
             from verl_bridge.arch import hf_model_provider
 
-            fn = hf_model_provider(args.model_name_or_path)
+            import torch as _torch
+
+            prec = {"bf16": dict(bf16=True, params_dtype=_torch.bfloat16),
+                    "fp16": dict(fp16=True, params_dtype=_torch.float16)}.get(cfg.trainer.precision, {})
+            fn = hf_model_provider(args.model_name_or_path, **prec)
         else:
             raise BridgeError("model.actor.args: no model source (preset, model_name_or_path or model_provider)")
         pre = self.layout.is_first_stage
