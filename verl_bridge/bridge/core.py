@@ -100,7 +100,9 @@ class MegatronBridge:
                                       + "\nMake them agree (or drop the keys from the config to take yours).")
                 self.layout = layout
                 return layout
-        self.layout = init_model_parallel(ta.tp_size, ta.pp_size, ta.sequence_parallel)
+        from verl_bridge.placement.groups import apply_placement
+
+        self.layout = apply_placement(cfg, init_model_parallel(ta.tp_size, ta.pp_size, ta.sequence_parallel))
         return self.layout
 
     # ------------------------------------------------------------------ data

@@ -16,7 +16,9 @@ def _source(role) -> str:
 
 def parallel_plan(cfg: Config, world_size: int, has_cuda: bool) -> list[str]:
     ta, d, a = cfg.trainer.args, cfg.data, cfg.algorithm
-    dp = world_size // (ta.tp_size * ta.pp_size)
+    from verl_bridge.placement.spec import actor_world_size, layout_lines
+
+    dp = actor_world_size(cfg, world_size) // (ta.tp_size * ta.pp_size)
     samples = d.rollout_batch_size * a.group_size
     per_rank = samples // dp
     mini = a.mini_batch_size or samples
@@ -37,6 +39,7 @@ def parallel_plan(cfg: Config, world_size: int, has_cuda: bool) -> list[str]:
     ref = "frozen copy of the actor's initial weights" if (a.kl.coef > 0 or a.kl.target or cfg.model.reference) else "none (kl.coef is 0)"
     lines.append(f"                reference: {ref}")
     lines.append(f"                reward: {cfg.model.reward.type} ({_source(cfg.model.reward) if cfg.model.reward.args.path else 'task ' + str(d.task)})")
+    lines += layout_lines(cfg, world_size)
     lines.append(f"output          {cfg.trainer.output_dir} (metrics.jsonl, config.yaml, checkpoints/)")
     notes = []
     if ta.pp_size > 1 and not has_cuda:

@@ -84,6 +84,7 @@ class MegatronTrainer:
         self._reward_fn = reward_fn
         self.step = 0
         self.history: list[dict] = []
+        self.placement = None  # verl_bridge.placement.runtime.Placement when the reward is placed
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -100,6 +101,11 @@ class MegatronTrainer:
         seed_everything(cfg.trainer.seed)
         self.tokenizer, self.task = self.bridge.tokenizer_and_task()
         self.reward_fn = self._reward_fn or self.bridge.reward_fn(self.task)
+        from verl_bridge.placement.runtime import Placement
+
+        self.placement = Placement.from_trainer(self)  # None: every role colocated, reward a function
+        if self.placement is not None and self.placement.is_reward_rank:
+            return  # a separate reward group builds only its scorer
         self.roles = self.bridge.build_roles()
         self.is_logger = dist.get_rank() == 0
         run_dir = cfg.trainer.output_dir
@@ -190,6 +196,8 @@ class MegatronTrainer:
         from verl_bridge.rollout.base import SamplingParams
 
         cfg = self.config
+        if self.placement is not None:  # a reward model, or a separate reward group (verl_bridge.placement)
+            return self.placement.rollout(step)
         ids, _, truths = self._prompts_for_step(step)
         params = SamplingParams(
             max_new_tokens=cfg.data.max_response_length, temperature=cfg.rollout.temperature,
@@ -317,6 +325,8 @@ class MegatronTrainer:
         elapsed = time.perf_counter() - t0
         metrics.update(throughput_tokens_per_s=tokens / elapsed, time_rollout_s=t_rollout,
                        time_train_s=t_train, time_step_s=elapsed)
+        if self.placement is not None:  # time_rollout_s (generation), time_reward_s, time_reward_wait_s
+            metrics.update(self.placement.timings)
         self.kl_ctl.update(metrics["kl"], n_steps=exp.size * self.layout.dp_size)
         return metrics
 
@@ -324,6 +334,8 @@ class MegatronTrainer:
     def train(self) -> list[dict]:
         """Run ``trainer.total_steps`` steps; returns the per-step metrics (also in metrics.jsonl)."""
         self.setup()
+        if self.placement is not None and self.placement.is_reward_rank:
+            return self.placement.serve()  # scores micro-batches until the actor ranks stop it
         from verl_bridge.checkpoint.trainer_state import resume_trainer, save_trainer_checkpoint
         from verl_bridge.runtime.evaluation import evaluate, should_evaluate
 
@@ -356,4 +368,6 @@ class MegatronTrainer:
                     save_trainer_checkpoint(self, self.step)
         finally:
             self.logger.close()
+            if self.placement is not None:
+                self.placement.close()
         return self.history
