@@ -3,10 +3,12 @@
 A few lines wrap an existing script::
 
     from verl_bridge import MegatronBridge, MegatronTrainer, load_config
+    cfg = load_config("ppo.yaml")
     bridge = MegatronBridge(model_provider=model_provider,          # their function, unchanged
                             initialize_megatron=initialize_megatron,  # optional
-                            load_checkpoint=load_checkpoint)          # optional
-    MegatronTrainer(load_config("ppo.yaml"), bridge=bridge).train()
+                            load_checkpoint=load_checkpoint,          # optional
+                            config=cfg)
+    MegatronTrainer(cfg, bridge=bridge).train()
 
 Hooks may also be ``"module:function"`` strings in the config
 (``model.actor.args.model_provider`` / ``initialize_megatron`` / ``load_checkpoint``).
@@ -17,12 +19,14 @@ Order of operations (``initialize`` then ``build_roles``):
    process groups are reused and TP/PP are read from them (and compared with the config, every
    difference reported); otherwise verl-bridge initialises from ``trainer.args``.
 2. ``model_provider``: called through :func:`verl_bridge.bridge.hooks.call_model_provider`,
-   whatever its signature; a provider that reads Megatron-LM's ``get_args()`` works because the
-   user's initialiser set those globals.
+   whatever its signature. A provider that reads Megatron-LM's ``get_args()`` works: the user's
+   initialiser set those globals, or (no initialiser) :mod:`verl_bridge.bridge.megatron_args`
+   is filled from the config.
 3. ``load_checkpoint``: the user's loader with whichever signature it has; without one,
    ``model.actor.args.load_path`` is read with verl-bridge's own Megatron checkpoint reader.
 4. roles: actor (trainable + optimizer), reference (frozen twin with the actor's initial weights),
-   critic (the provider's model with a scalar value head, or a Hugging Face critic).
+   critic (the provider's model with a scalar value head, or a Hugging Face critic:
+   :mod:`verl_bridge.runtime.hf_critic`).
 """
 
 from __future__ import annotations
@@ -72,12 +76,14 @@ class MegatronBridge:
         """Set up torch.distributed and megatron's parallel_state; return the ParallelLayout."""
         from megatron.core import parallel_state as mpu
 
+        from verl_bridge.bridge import megatron_args
         from verl_bridge.parallel import current_layout, init_distributed, init_model_parallel
 
         cfg = self.config
         src = cfg.source_dir
         init_fn = _resolve(self._init, src, "model.actor.args.initialize_megatron")
         ta = cfg.trainer.args
+        megatron_args.clear_config_fill()
         if init_fn is not None:
             init_distributed()
             init_fn()
@@ -99,11 +105,24 @@ class MegatronBridge:
                                       + "\n  - ".join(diffs)
                                       + "\nMake them agree (or drop the keys from the config to take yours).")
                 self.layout = layout
+                self._fill_megatron_args()
                 return layout
         from verl_bridge.placement.groups import apply_placement
 
         self.layout = apply_placement(cfg, init_model_parallel(ta.tp_size, ta.pp_size, ta.sequence_parallel))
+        self._fill_megatron_args()
         return self.layout
+
+    def _fill_megatron_args(self) -> None:
+        """Providers reading ``get_args()``: fill verl_bridge.bridge.megatron_args from the config,
+        unless the user's initializer already set them (then they are left exactly as set)."""
+        from verl_bridge.bridge import megatron_args
+
+        if megatron_args.is_set():
+            return
+        tok, _ = self.tokenizer_and_task()
+        vocab = len(tok) if hasattr(tok, "__len__") else getattr(tok, "vocab_size", None)
+        megatron_args.set_from_config(megatron_args.args_from_config(self.config, self.layout, vocab_size=vocab))
 
     # ------------------------------------------------------------------ data
     def tokenizer_and_task(self):
@@ -114,14 +133,16 @@ class MegatronBridge:
         if self._tokenizer is not None:
             return self._tokenizer, task
         if task is not None:
-            return ToyTokenizer(), task
+            self._tokenizer = ToyTokenizer()
+            return self._tokenizer, task
         path = cfg.model.actor.args.model_name_or_path
         if not path:
             raise BridgeError("data.train_files needs a tokenizer: set model.actor.args.model_name_or_path "
                               "to a local HF directory with tokenizer files, or pass tokenizer= to MegatronBridge")
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(path, local_files_only=True), None
+        self._tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return self._tokenizer, None
 
     def sample_prompts(self, task, rng, n: int) -> list[tuple[str, str]]:
         if task is not None:
