@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("verl_bridge.commands.convert:convert", "Convert checkpoints between Hugging Face and Megatron layouts."),
     "plot": ("verl_bridge.commands.plot:plot", "Plot reward, KL, losses and throughput of a run."),
     "validate": ("verl_bridge.commands.validate:validate", "Validate a config without running it."),
+    "plan": ("verl_bridge.commands.plan:plan", "Estimate per-rank memory and weight-sync cost of a config."),
 }
 
 

@@ -48,6 +48,9 @@ def train(config_file: str, overrides: tuple[str, ...], nproc: int | None, nnode
         click.echo(f"config OK: {config_file}")
         for line in parallel_plan(cfg, world, has_cuda):
             click.echo(line)
+        from verl_bridge.planning import dry_run_lines
+
+        click.echo("\n".join(dry_run_lines(cfg, world, has_cuda)))
         return
     if cfg.trainer.args.pp_size > 1 and not has_cuda:
         raise ConfigProblem(

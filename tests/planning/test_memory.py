@@ -1,0 +1,150 @@
+"""Memory and refit planning: the seed article's layout checked against arithmetic written out by hand."""
+
+import math
+from pathlib import Path
+
+from verl_bridge.config import load_config
+from verl_bridge.planning.memory import GiB, plan_memory, stage_params_per_rank, total_params
+from verl_bridge.planning.refit import count_buckets, plan_refit
+from verl_bridge.planning.shapes import BUILTIN_SHAPES, resolve_shape
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "templates" / "megatron_ppo.yaml"
+
+
+def _seed_cfg(*overrides):
+    return load_config(TEMPLATE, list(overrides), world_size=4, check_paths=False)
+
+
+# ---- OPT-1.3B by hand: 24 layers, hidden 2048, 32 heads, ffn 8192, vocab 50272, max pos 2048, biases
+# everywhere, LayerNorm (weight + bias), learned positions, tied embeddings.
+H, L, FFN, V, POS = 2048, 24, 8192, 50272, 2048
+LAYER_FULL = (H * 3 * H + 3 * H) + (H * H + H) + (H * FFN + FFN) + (FFN * H + H) + 2 * (2 * H)
+TOTAL = V * H + POS * H + L * LAYER_FULL + 2 * H  # 1,315,753,984
+# TP=2: linear weights and column-parallel biases (qkv, fc1) halve; o_proj/fc2 biases, LayerNorms and the
+# position table are replicated; the vocabulary is padded to a multiple of 128 * 2 = 256 -> 50432 rows.
+V_PAD = 50432
+LAYER_TP2 = (H * 3 * H // 2 + 3 * H // 2) + (H * H // 2 + H) + (H * FFN // 2 + FFN // 2) + (FFN * H // 2 + H) + 2 * 2 * H
+STAGE0 = V_PAD // 2 * H + POS * H + 12 * LAYER_TP2  # embeddings + 12 layers
+STAGE1 = 12 * LAYER_TP2 + 2 * H + V_PAD // 2 * H  # 12 layers + final LayerNorm + tied output copy (PP > 1)
+SEQ = 256 + 256
+KV = 2 * (24 // 2) * (32 // 2) * (2048 // 32) * 2 * (32 * 1 // 1) * SEQ  # 2*L/PP*kv/TP*hd*bf16*samples/DP*seq
+
+
+def test_hand_arithmetic_constants():
+    assert TOTAL == 1_315_753_984 and V_PAD % 256 == 0 and V_PAD - 256 < V <= V_PAD
+    assert (STAGE0, STAGE1) == (358_060_032, 353_869_824)
+    assert KV == 805_306_368
+
+
+def test_seed_layout_parameters_kv_cache_and_optimizer_state():
+    cfg = _seed_cfg()
+    shape, source = resolve_shape(cfg)
+    assert shape == BUILTIN_SHAPES["opt-1.3b"] and "opt-1.3b" in source
+    assert total_params(shape) == TOTAL
+    assert stage_params_per_rank(shape, 2, 2, 0) == STAGE0
+    assert stage_params_per_rank(shape, 2, 2, 1) == STAGE1
+    plan = plan_memory(cfg, 4, shape, source, 80 * GiB, "given")
+    first, last = plan.ranks
+    assert (first.stage, last.stage) == (0, 1)
+    # bf16 params (2 B) + fp32 grads (4 B) + Adam m, v and fp32 master (12 B) over DP=1
+    assert first.roles["actor"] == {"params": STAGE0 * 2, "grads": STAGE0 * 4, "optimizer": STAGE0 * 12}
+    assert last.roles["actor"]["params"] == STAGE1 * 2
+    assert first.roles["reference"] == {"params": STAGE0 * 2}
+    # the template's Hugging Face critic: full model + value head (h + 1), replicated, optimizer not sharded
+    critic = TOTAL + H + 1
+    assert sum(first.roles["critic"].values()) == critic * (2 + 4 + 12)
+    assert first.kv_cache == last.kv_cache == KV
+    # activations: Korthikanti with SP and flash attention, s*b*h*34/t per layer; 1F1B: stage 0 holds 2
+    # micro-batches in flight, the last stage 1 plus its fp32 logits s*b*V/t*4
+    per_layer = SEQ * 4 * H * 34 / 2
+    assert math.isclose(first.activations, 12 * per_layer * 2)
+    assert math.isclose(last.activations, 12 * per_layer + SEQ * 4 * V_PAD / 2 * 4)
+    static0 = STAGE0 * 18 + STAGE0 * 2 + critic * 18
+    assert math.isclose(first.peak, static0 + max(KV, 12 * per_layer * 2))
+    assert plan.warnings == [] and first.peak < 80 * GiB
+    # the distributed optimizer divides the optimizer state by DP (here 8 GPUs -> DP 2)
+    cfg8 = load_config(TEMPLATE, ["trainer.args.dp_size=2"], world_size=8, check_paths=False)
+    r8 = plan_memory(cfg8, 8, shape, source).ranks[0]
+    assert r8.roles["actor"]["optimizer"] == STAGE0 * 12 / 2
+    assert r8.kv_cache == KV // 2  # 32 samples over 2 DP ranks
+
+
+def test_refit_bytes_buckets_and_peak():
+    shape = BUILTIN_SHAPES["opt-1.3b"]
+    plan = plan_refit(shape, "bf16", 256, bandwidth_gbps=400)
+    # HF tensors in bf16 (unpadded vocabulary, tied output layer sent once)
+    assert plan.bytes_per_sync == TOTAL * 2
+    bucket = 256 * 1024 ** 2
+    assert plan.buckets >= math.ceil(TOTAL * 2 / bucket) == 10
+    assert plan.largest_tensor == "embed_tokens" and plan.largest_tensor_bytes == V * H * 2
+    assert plan.peak_extra_bytes == bucket + V * H * 2
+    assert math.isclose(plan.seconds, TOTAL * 2 / (400e9 / 8))
+    assert count_buckets([3, 3, 3], 6) == 2 and count_buckets([7, 1, 1], 6) == 2 and count_buckets([], 6) == 0
+    assert count_buckets([5, 6, 2], 6) == 3  # a tensor as large as a bucket travels alone
+
+
+def test_remedies_carry_numbers():
+    cfg = _seed_cfg("data.rollout_batch_size=4096")
+    shape, source = resolve_shape(cfg)
+    plan = plan_memory(cfg, 4, shape, source, 80 * GiB, "given")
+    text = "\n".join(plan.warnings)
+    assert "exceeds the device memory 80.00 GiB" in text
+    # KV cache per sample is KV / 32; samples that fit next to each stage's static memory, by hand
+    critic = (TOTAL + H + 1) * 18
+    static = [STAGE0 * 18 + STAGE0 * 2 + critic, STAGE1 * 18 + STAGE1 * 2 + critic]
+    fit = min((80 * GiB - s) // (KV // 32) for s in static)
+    assert fit == 2187
+    assert f"at most {fit} samples per TPxPP group fit (now 4096); use data.rollout_batch_size <= {fit}" in text
+    assert f"model.reference.args.offload: true saves {STAGE0 * 2 / GiB:.2f} GiB" in text
+    assert "sequence length: max_prompt_length + max_response_length <= " in text
+    # sequence parallelism is already on in the seed layout: no SP remedy; off, it is offered with its saving
+    assert "sequence_parallel: true saves" not in text
+    off = plan_memory(_seed_cfg("data.rollout_batch_size=4096", "trainer.args.sequence_parallel=false"), 4, shape,
+                      source, 80 * GiB, "given")
+    saving = 12 * 2 * SEQ * 4 * H * ((10 + 24 / 2) - 34 / 2)  # stage 0, 2 in flight: no-SP minus SP
+    assert f"sequence_parallel: true saves {saving / GiB:.2f} GiB" in "\n".join(off.warnings)
+
+
+def test_shape_sources(tmp_path):
+    from tests.arch.tiny_hf import ARCHS, make_config
+    from transformers import AutoModelForCausalLM
+
+    from verl_bridge.planning.shapes import shape_from_hf_config
+
+    for arch in ARCHS:  # the config.json reader counts exactly what transformers builds
+        hf = make_config(arch)
+        n = sum(p.numel() for p in AutoModelForCausalLM.from_config(hf).parameters())
+        offset_rows = 2 * hf.hidden_size if arch == "opt" else 0  # OPT's position table has 2 extra rows
+        assert total_params(shape_from_hf_config(hf.to_dict(), arch)) == n - offset_rows, arch
+    make_config("qwen2").save_pretrained(str(tmp_path / "q"))
+    cfg = load_config(None, ["model.actor.args.preset=null", f"model.actor.args.model_name_or_path={tmp_path / 'q'}"],
+                      check_paths=False)
+    shape, source = resolve_shape(cfg)
+    assert shape.qkv_bias and shape.num_query_groups == 2 and source.endswith("config.json")
+    shape, source = resolve_shape(load_config(None, ["model.actor.args.preset=tiny"]))
+    assert shape.name == "tiny" and shape.vocab_size == 16 and "tiny" in source
+    assert resolve_shape(cfg, "llama-2-7b")[0].num_layers == 32
+
+
+def _count_megatron(rank, world_size, hf_dir):
+    from verl_bridge.arch import hf_model_provider
+    from verl_bridge.parallel import init_model_parallel
+
+    init_model_parallel(world_size, 1)
+    model = hf_model_provider(hf_dir, load_weights=False)()
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_per_rank_count_matches_a_built_megatron_model_at_tp2(tmp_path):
+    """The TP sharding rules (biases, LayerNorms, learned positions, padded vocab) against real megatron."""
+    from tests.arch.tiny_hf import make_config
+    from tests.dist_utils import run_distributed
+
+    from verl_bridge.planning.shapes import shape_from_hf_config
+
+    hf = make_config("opt")
+    hf.save_pretrained(str(tmp_path / "opt"))
+    counts = run_distributed(_count_megatron, 2, str(tmp_path / "opt"))
+    shape = shape_from_hf_config(hf.to_dict(), "opt")
+    assert counts == [stage_params_per_rank(shape, 2, 1, 0)] * 2

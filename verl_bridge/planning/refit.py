@@ -1,0 +1,116 @@
+"""Refit (weight sync) plan: what one actor -> rollout sync moves, in how many buckets, how fast.
+
+Pipeline of one sync (issue #5): broadcast each parameter from its pipeline stage -> TP
+all-gather -> convert to HF names/layout -> pack into buckets of ``rollout.bucket_mb`` MiB ->
+hand to the rollout engine. Every rank streams the full model through the exporter (its rollout
+engine keeps its own rollout-TP shard), so per sync and per rank:
+
+* bytes moved = every full HF tensor in the rollout dtype (``trainer.precision``);
+* buckets = greedy packing of those tensors in order; a tensor larger than a bucket travels alone;
+* peak extra memory = one bucket + the largest gathered (full, unsharded) tensor;
+* time = bytes / bandwidth, the bandwidth given (``--bandwidth-gbps``, Gbit/s) or measured here by a
+  timed device-to-device tensor copy (on CPU a memory copy: a lower bound on no interconnect).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from verl_bridge.planning.memory import DTYPE_BYTES
+from verl_bridge.planning.shapes import ModelShape, parameter_tensors
+
+MiB = 1024 ** 2
+
+
+@dataclass
+class RefitPlan:
+    bytes_per_sync: int
+    tensors: int
+    bucket_bytes: int
+    buckets: int
+    largest_tensor: str
+    largest_tensor_bytes: int
+    peak_extra_bytes: int
+    bandwidth_bytes_per_s: Optional[float]
+    bandwidth_source: str
+    seconds: Optional[float]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def count_buckets(sizes: list[int], bucket: int) -> int:
+    buckets, fill = 0, 0
+    for n in sizes:
+        if n >= bucket:  # travels alone
+            if fill:
+                buckets += 1
+                fill = 0
+            buckets += 1
+        elif fill + n > bucket:
+            buckets += 1
+            fill = n
+        else:
+            fill += n
+    return buckets + (1 if fill else 0)
+
+
+def measure_copy_bandwidth(mib: int = 64, repeats: int = 5) -> tuple[float, str]:
+    """Bytes/s of a tensor copy on this machine's device (CUDA when present, else CPU memory)."""
+    import torch
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    src = torch.empty(mib * MiB, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    what = (f"measured: {mib} MiB copy on {torch.cuda.get_device_name(0)}" if dev == "cuda"
+            else f"measured: {mib} MiB memory copy on this machine's CPU (no GPU here; real syncs cross NVLink/PCIe)")
+    return src.numel() / best, what
+
+
+def plan_refit(shape: ModelShape, precision: str, bucket_mb: int, bandwidth_gbps: Optional[float] = None,
+               measure: bool = False) -> RefitPlan:
+    nbytes = DTYPE_BYTES.get(precision, 4)
+    tensors = [(name, n * nbytes) for name, n in parameter_tensors(shape)]
+    total = sum(b for _, b in tensors)
+    bucket = bucket_mb * MiB
+    largest_name, largest = max(tensors, key=lambda t: t[1])
+    if bandwidth_gbps:
+        bw, source = bandwidth_gbps * 1e9 / 8, f"given: {bandwidth_gbps:g} Gbit/s"
+    elif measure:
+        bw, source = measure_copy_bandwidth()
+    else:
+        bw, source = None, "not given (--bandwidth-gbps) nor measured"
+    return RefitPlan(
+        bytes_per_sync=total, tensors=len(tensors), bucket_bytes=bucket, buckets=count_buckets([b for _, b in tensors], bucket),
+        largest_tensor=largest_name, largest_tensor_bytes=largest, peak_extra_bytes=min(bucket, total) + largest,
+        bandwidth_bytes_per_s=bw, bandwidth_source=source, seconds=(total / bw) if bw else None,
+    )
+
+
+def refit_lines(plan: RefitPlan, precision: str) -> list[str]:
+    g = 1024 ** 3
+    lines = [
+        f"refit           {plan.bytes_per_sync / g:.2f} GiB per sync ({plan.tensors} tensors in {precision}); "
+        f"{plan.buckets} bucket(s) of {plan.bucket_bytes // MiB} MiB (rollout.bucket_mb)",
+        f"                peak extra memory/rank {plan.peak_extra_bytes / g:.2f} GiB = one bucket + the largest "
+        f"gathered tensor ({plan.largest_tensor}, {plan.largest_tensor_bytes / g:.2f} GiB)",
+    ]
+    if plan.seconds is not None:
+        lines.append(f"                estimated sync time {plan.seconds:.3f} s at {plan.bandwidth_bytes_per_s / 1e9:.1f} "
+                     f"GB/s ({plan.bandwidth_source})")
+    else:
+        lines.append(f"                sync time: bandwidth {plan.bandwidth_source}")
+    return lines
