@@ -161,6 +161,8 @@ class MegatronBridge:
             return load_reward_fn(cfg.model.reward.args.path, cfg.source_dir)
         if task is not None:
             return task.reward_fn
+        if cfg.model.reward.type == "model":  # scored by the reward model (verl_bridge.placement.scorer)
+            return None
         raise BridgeError("no reward: set model.reward.args.path ('module:function') or a built-in data.task")
 
     # ------------------------------------------------------------------ models
