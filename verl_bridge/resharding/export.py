@@ -299,9 +299,14 @@ class WeightExporter:
                     yield from emit(outs)
                 del outs
                 continue
-            bucket += outs
-            held += sum(_nbytes(t) for _, t in outs)
-            del outs
+            for item in outs:  # a parameter's parts (q/k/v, gate/up) may straddle buckets
+                size = _nbytes(item[1])
+                if bucket and held + size > self.bucket_bytes:
+                    yield from emit(bucket)
+                    bucket, held = [], 0
+                bucket.append(item)
+                held += size
+            del outs, item
         if bucket:
             yield from emit(bucket)
         del bucket

@@ -1,0 +1,154 @@
+"""The one 4-process gloo run the resharding tests share (process spawn dominates their cost).
+
+It walks TP=1, TP=2, PP=2 and TP=2 x PP=2 in turn (TP=1 / PP=2 with data-parallel replicas
+beside them). For each layout and model every rank streams the megatron weights, compares every
+tensor with the HF safetensors file the model was loaded from (in the worker), and reports the
+bucket sizes and the measured peak memory. At PP=1 it also runs the sync-verification probe:
+the stream is loaded into a ``transformers`` model, which is then scored against the megatron
+actor, intact and deliberately corrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from tests.resharding.helpers import ARCHS, HF_VOCAB
+from verl_bridge.arch import hf_model_provider
+
+LAYOUTS = ((1, 1), (2, 1), (1, 2), (2, 2))
+SMALL_BUCKET = 12 << 10
+
+
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+def _export_check(exporter, ref):
+    """Stream in buckets; compare every tensor with the reference file (in the worker)."""
+    names, mismatched, bucket_sizes = [], [], []
+    for bucket in exporter.iter_buckets():
+        bucket_sizes.append([_nbytes(t) for _, t in bucket])
+        for name, t in bucket:
+            names.append(name)
+            if name not in ref or ref[name].shape != t.shape or not torch.equal(ref[name], t):
+                mismatched.append(name)
+    return names, mismatched, bucket_sizes
+
+
+@contextlib.contextmanager
+def cpu_tensor_cuda_noop():
+    """megatron-core moves a PP>1 tied embedding copy to CUDA while building (to all-reduce it
+    between first and last stage); on a CPU-only torch make ``Tensor.cuda`` a no-op meanwhile."""
+    if torch.cuda.is_available():
+        yield
+        return
+    original = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = original
+
+
+def build(hf_dir, pp_rank, pp):
+    provider = hf_model_provider(hf_dir, pipeline_dtype=torch.float32)  # PP needs a pipeline dtype
+    with cpu_tensor_cuda_noop():
+        return provider(pre_process=pp_rank == 0, post_process=pp_rank == pp - 1)
+
+
+def layouts_worker(rank, world_size, dirs):
+    from megatron.core import parallel_state as mpu
+
+    from verl_bridge.arch.hf import SafetensorsDir
+    from verl_bridge.parallel import init_model_parallel
+    from verl_bridge.resharding import WeightExporter
+    from verl_bridge.rollout.verify import tensor_checksums
+
+    out = {}
+    for tp, pp in LAYOUTS:
+        init_model_parallel(tp, pp)
+        pp_rank = mpu.get_pipeline_model_parallel_rank()
+        for arch in ARCHS + ("deep_llama",):
+            t0 = time.perf_counter()
+            ref = SafetensorsDir(dirs[arch])
+            model = build(dirs[arch], pp_rank, pp)
+            res = {"expected": sorted(ref.keys())}
+            if arch in ARCHS:
+                exp = WeightExporter(model, vocab_size=HF_VOCAB, bucket_bytes=SMALL_BUCKET, checksum=True)
+                res["hf_names"] = exp.hf_names()
+                res["names"], res["mismatched"], res["buckets"] = _export_check(exp, ref)
+                res["stats"] = exp.stats
+                res["checksums_ok"] = exp.checksums == tensor_checksums({n: ref[n] for n in ref.keys()})
+                # a second pass (one tensor at a time) streams the same thing again
+                again = [(n, torch.equal(t, ref[n])) for n, t in exp.iter_tensors()]
+                res["again"] = [n for n, _ in again]
+                res["again_equal"] = all(ok for _, ok in again)
+            else:
+                for cap_name, cap in (("one", 1), ("two_largest", None)):
+                    exp = WeightExporter(model, vocab_size=HF_VOCAB, bucket_bytes=1)
+                    largest = exp.largest_tensor_bytes()
+                    exp.bucket_bytes = cap if cap is not None else 2 * largest
+                    names, mismatched, buckets = _export_check(exp, ref)
+                    res[cap_name] = dict(names=names, mismatched=mismatched, buckets=buckets, stats=exp.stats,
+                                         largest=largest, cap=exp.bucket_bytes)
+            res["seconds"] = time.perf_counter() - t0
+            if pp == 1 and arch in ARCHS:
+                out[("verify", tp, arch)] = _verify_checks(model, dirs[arch])
+            out[(tp, pp, arch)] = res
+            del model
+        mpu.destroy_model_parallel()
+    return out
+
+
+
+
+CORRUPT_NOISE = "model.layers.1.self_attn.q_proj.weight"
+CORRUPT_SUBTLE = "model.layers.0.mlp.down_proj.weight"
+
+
+def _verify_checks(model, hf_dir):
+    """Load the stream into a transformers model bucket by bucket; probe intact and corrupted."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from verl_bridge.resharding import WeightExporter
+    from verl_bridge.rollout.verify import (
+        SyncVerificationError, hf_log_probs, probe_sync, tensor_checksums, verify_native_engine)
+
+    res = {}
+    exp = WeightExporter(model, vocab_size=HF_VOCAB, bucket_bytes=SMALL_BUCKET, checksum=True)
+    hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.fill_(float("nan"))  # whatever the stream does not fill stays NaN
+    unexpected = []
+    for bucket in exp.iter_buckets():
+        unexpected += hf.load_state_dict(dict(bucket), strict=False).unexpected_keys
+    res["unexpected"] = unexpected
+    res["unfilled"] = [n for n, p in hf.named_parameters() if torch.isnan(p).any()]
+
+    def receiver(ids):
+        return hf_log_probs(hf, ids, HF_VOCAB)
+
+    def run(**kw):
+        try:
+            return probe_sync(model, receiver, threshold=1e-4, vocab_size=HF_VOCAB, **kw), None
+        except SyncVerificationError as e:
+            return e.report, str(e)
+
+    res["intact"] = run(sender_checksums=exp.checksums, receiver_checksums=tensor_checksums(hf.state_dict()))
+    params = dict(hf.named_parameters())
+    with torch.no_grad():  # a tiny change: log-probs stay within the threshold, checksums do not
+        params[CORRUPT_SUBTLE].mul_(1.0001)
+    res["subtle"] = run(sender_checksums=exp.checksums, receiver_checksums=tensor_checksums(hf.state_dict()))
+    with torch.no_grad():
+        params[CORRUPT_SUBTLE].div_(1.0001)
+        gen = torch.Generator().manual_seed(7)  # the same corruption on every rank
+        w = params[CORRUPT_NOISE]
+        w.add_(torch.randn(w.shape, generator=gen))
+    res["noise"] = run(sender_checksums=exp.checksums, receiver_checksums=tensor_checksums(hf.state_dict()))
+    res["noise_no_checksums"] = run()
+    res["native"] = verify_native_engine(model, threshold=1e-4, vocab_size=HF_VOCAB)
+    return res
