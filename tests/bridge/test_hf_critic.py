@@ -2,21 +2,27 @@
 training, checkpoint resume (legacy + torch_dist), and TP=2 replication."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from tests.dist_utils import run_distributed
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hf_critic"
 KEYS = ("reward_mean", "kl", "actor_loss", "critic_loss", "critic_grad_norm", "entropy")
 
 
 @pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory):
-    from tests.arch.tiny_hf import make_tiny_hf
+def models_dir(tmp_path_factory):
+    """The example's own models (examples/hf_critic/make_models.py): a Llama actor, a Qwen2 critic."""
+    import importlib.util
 
-    d = tmp_path_factory.mktemp("hf") / "llama"
-    make_tiny_hf("llama", d)  # vocab 100 >= the toy tokenizer's 16
+    spec = importlib.util.spec_from_file_location("make_models", EXAMPLE / "make_models.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    d = tmp_path_factory.mktemp("hf_critic_models")
+    mod.main(str(d))
     return str(d)
 
 
@@ -50,31 +56,38 @@ def test_megatron_mask_gives_the_values_of_each_unpadded_sequence(tmp_path, arch
         # and the mask matters: dropping it (plain causal over the padding) changes the values
         unmasked = critic(ids, torch.arange(width).expand(3, -1), None)
         assert (unmasked[1, 4:7] - values[1, 4:7]).abs().max() > 1e-4
+        # ids from megatron's padded vocabulary rows (>= the HF vocabulary of 100) read as token 0
+        beyond = ids.clone()
+        beyond[0, 2] = 120
+        zero = ids.clone()
+        zero[0, 2] = 0
+        torch.testing.assert_close(critic(*model_inputs(beyond, attn)), critic(*model_inputs(zero, attn)))
 
 
-def _cfg(out, hf_dir, steps, extra=(), world_size=1):
+def _cfg(out, models, steps, extra=(), world_size=1):
+    """examples/hf_critic/ppo.yaml (Megatron actor from an HF Llama dir + HF Qwen2 critic), smaller."""
     from verl_bridge.config import load_config
 
-    return load_config("templates/quickstart.yaml", [
-        "model.critic.type=huggingface", "model.critic.args.preset=null",
-        f"model.critic.args.model_name_or_path={hf_dir}", f"trainer.output_dir={out}",
-        f"trainer.total_steps={steps}", "trainer.save_every=2", "data.rollout_batch_size=16",
-        "algorithm.mini_batch_size=8", "algorithm.micro_batch_size=8", "algorithm.ppo_epochs=1",
-        "trainer.progress_bar=false", *extra], world_size=world_size)
+    return load_config(str(EXAMPLE / "ppo.yaml"), [
+        f"model.actor.args.model_name_or_path={models}/actor", f"model.critic.args.model_name_or_path={models}/critic",
+        f"trainer.output_dir={out}", f"trainer.total_steps={steps}", "trainer.save_every=2",
+        "data.rollout_batch_size=16", "algorithm.mini_batch_size=8", "algorithm.micro_batch_size=8",
+        "algorithm.ppo_epochs=1", "trainer.progress_bar=false", *extra], world_size=world_size)
 
 
-def _train_and_resume(rank, world_size, hf_dir, root):
+def _train_and_resume(rank, world_size, models, root):
     from verl_bridge.runtime.hf_critic import HFCritic
     from verl_bridge.runtime.trainer import MegatronTrainer
 
     out = {}
-    full = MegatronTrainer(_cfg(f"{root}/full", hf_dir, 3))
+    full = MegatronTrainer(_cfg(f"{root}/full", models, 3))
     out["full"] = full.train()
     assert isinstance(full.roles.critic, HFCritic)
+    out["kinds"] = (type(full.roles.actor).__name__, type(full.roles.critic.backbone).__name__)
     out["head_moved"] = float(full.roles.critic.value_head.weight.abs().sum())  # zero-initialised
     for fmt in ("legacy", "torch_dist"):
-        MegatronTrainer(_cfg(f"{root}/{fmt}", hf_dir, 2, [f"trainer.checkpoint_format={fmt}"])).train()
-        resumed = MegatronTrainer(_cfg(f"{root}/{fmt}", hf_dir, 3, [f"trainer.checkpoint_format={fmt}",
+        MegatronTrainer(_cfg(f"{root}/{fmt}", models, 2, [f"trainer.checkpoint_format={fmt}"])).train()
+        resumed = MegatronTrainer(_cfg(f"{root}/{fmt}", models, 3, [f"trainer.checkpoint_format={fmt}",
                                                                      "trainer.resume=auto"]))
         out[fmt] = resumed.train()
         out[fmt + "_head"] = resumed.roles.critic.value_head.weight.detach().clone()
@@ -82,12 +95,13 @@ def _train_and_resume(rank, world_size, hf_dir, root):
     return out
 
 
-def test_hf_critic_trains_and_resumes_exactly(tmp_path, llama_dir):
-    out = run_distributed(_train_and_resume, 1, llama_dir, str(tmp_path))[0]
+def test_hf_critic_trains_and_resumes_exactly(tmp_path, models_dir):
+    out = run_distributed(_train_and_resume, 1, models_dir, str(tmp_path))[0]
     full = out["full"]
     assert [r["step"] for r in full] == [1, 2, 3]
     assert all(math.isfinite(r["critic_loss"]) and r["critic_grad_norm"] > 0 for r in full)
     assert out["head_moved"] > 0, "the value head never trained"
+    assert out["kinds"] == ("GPTModel", "Qwen2Model")   # megatron actor, transformers critic
     for fmt in ("legacy", "torch_dist"):
         assert (tmp_path / fmt / "checkpoints" / "critic" / "iter_0000002").is_dir()
         assert [r["step"] for r in out[fmt]] == [3], fmt      # resumed after step 2
@@ -96,13 +110,13 @@ def test_hf_critic_trains_and_resumes_exactly(tmp_path, llama_dir):
         torch.testing.assert_close(out[fmt + "_head"], out["full_head"])
 
 
-def _tp2(rank, world_size, hf_dir, root):
+def _tp2(rank, world_size, models, root):
     from megatron.core import parallel_state as mpu
 
     from verl_bridge.runtime.batch import model_inputs
     from verl_bridge.runtime.trainer import MegatronTrainer
 
-    cfg = _cfg(f"{root}/tp2", hf_dir, 1, ["trainer.args.tp_size=2", "trainer.save_every=0"], world_size=2)
+    cfg = _cfg(f"{root}/tp2", models, 1, ["trainer.args.tp_size=2", "trainer.save_every=0"], world_size=2)
     tr = MegatronTrainer(cfg)
     tr.setup()
     assert mpu.get_tensor_model_parallel_world_size() == 2
@@ -112,14 +126,17 @@ def _tp2(rank, world_size, hf_dir, root):
     # one backward on the same batch on both TP ranks: the norm counts the replica once
     ids = torch.randint(0, 16, (4, 10), generator=torch.Generator().manual_seed(5))
     attn = torch.ones_like(ids)
+    with torch.no_grad():  # same non-zero head on both ranks, so the backbone gets gradients too
+        critic.value_head.weight.copy_(torch.linspace(-1, 1, critic.value_head.weight.numel()).view_as(
+            critic.value_head.weight))
     opt.zero_grad()
     critic(*model_inputs(ids, attn)).pow(2).mean().backward()
     local = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in critic.parameters() if p.grad is not None))
     return {"flat": flat, "norm": opt.grad_norm(), "local": local, "critic_loss": metrics["critic_loss"]}
 
 
-def test_hf_critic_is_replicated_under_tp2(tmp_path, llama_dir):
-    r0, r1 = run_distributed(_tp2, 2, llama_dir, str(tmp_path))
+def test_hf_critic_is_replicated_under_tp2(tmp_path, models_dir):
+    r0, r1 = run_distributed(_tp2, 2, models_dir, str(tmp_path))
     assert torch.equal(r0["flat"], r1["flat"]), "TP replicas of the HF critic diverged after a step"
     assert r0["critic_loss"] == r1["critic_loss"] and math.isfinite(r0["critic_loss"])
     assert r0["local"] > 0
@@ -127,12 +144,12 @@ def test_hf_critic_is_replicated_under_tp2(tmp_path, llama_dir):
     assert r1["norm"] == pytest.approx(r0["norm"], rel=1e-12)
 
 
-def test_pipeline_parallel_hf_critic_is_refused_with_a_reason(llama_dir):
+def test_pipeline_parallel_hf_critic_is_refused_with_a_reason(models_dir):
     from types import SimpleNamespace
 
     from verl_bridge.bridge import BridgeError, MegatronBridge
 
-    bridge = MegatronBridge(config=_cfg("null", llama_dir, 1))
+    bridge = MegatronBridge(config=_cfg("null", models_dir, 1))
     bridge.layout = SimpleNamespace(pp_size=2, device=torch.device("cpu"))
     with pytest.raises(BridgeError, match="pp_size=2.*pipeline schedule"):
         bridge.build_hf_critic()

@@ -52,6 +52,15 @@ def _resolve(hook, source_dir, what):
     return resolve_callable(hook, source_dir, what=what)
 
 
+def _local_dir(path, source_dir):
+    """A relative HF directory is looked up next to the config first (as validation does), then in cwd."""
+    if path and source_dir and not os.path.isabs(path):
+        candidate = os.path.join(source_dir, path)
+        if os.path.isdir(candidate):
+            return candidate
+    return path
+
+
 class MegatronBridge:
     def __init__(self, model_provider: Callable | str | None = None, initialize_megatron: Callable | str | None = None,
                  load_checkpoint: Callable | str | None = None, *, config: Optional[Config] = None,
@@ -135,7 +144,7 @@ class MegatronBridge:
         if task is not None:
             self._tokenizer = ToyTokenizer()
             return self._tokenizer, task
-        path = cfg.model.actor.args.model_name_or_path
+        path = _local_dir(cfg.model.actor.args.model_name_or_path, cfg.source_dir)
         if not path:
             raise BridgeError("data.train_files needs a tokenizer: set model.actor.args.model_name_or_path "
                               "to a local HF directory with tokenizer files, or pass tokenizer= to MegatronBridge")
@@ -190,7 +199,7 @@ class MegatronBridge:
 
             prec = {"bf16": dict(bf16=True, params_dtype=_torch.bfloat16),
                     "fp16": dict(fp16=True, params_dtype=_torch.float16)}.get(cfg.trainer.precision, {})
-            fn = hf_model_provider(args.model_name_or_path, **prec)
+            fn = hf_model_provider(_local_dir(args.model_name_or_path, cfg.source_dir), **prec)
         else:
             raise BridgeError("model.actor.args: no model source (preset, model_name_or_path or model_provider)")
         pre = self.layout.is_first_stage
@@ -232,10 +241,7 @@ class MegatronBridge:
                 "critic is replicated on every rank and cannot run inside megatron's pipeline schedule. Use "
                 "pp_size=1, or model.critic.type=megatron (the actor's provider with a value head, pipelined "
                 "like the actor).")
-        path = cfg.model.critic.args.model_name_or_path
-        if path and cfg.source_dir and not os.path.isabs(path) and not os.path.isdir(path):
-            candidate = os.path.join(cfg.source_dir, path)
-            path = candidate if os.path.isdir(candidate) else path
+        path = _local_dir(cfg.model.critic.args.model_name_or_path, cfg.source_dir)
         try:
             return build_hf_critic(path, cfg.trainer.precision, self.layout.device)
         except (OSError, ValueError) as exc:

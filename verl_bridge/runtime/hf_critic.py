@@ -11,6 +11,8 @@ The megatron mask (causal + key padding, see :func:`verl_bridge.runtime.batch.mo
 handed to HF as a 4-D additive float mask (0 = attend, dtype min = masked), which transformers
 passes through unchanged to eager and SDPA attention; ``position_ids`` go through as they are
 (left-padded prompts keep their positions). ``None`` as mask means plain causal attention.
+Token ids beyond the HF vocabulary (megatron pads the actor's vocabulary to a multiple of 128 x TP,
+and the actor can sample those rows) are read as token 0.
 
 Parallelism: the critic is replicated. Every TP rank holds the whole model and (since TP ranks
 see the same samples) computes the same gradients; its parameters carry no
@@ -61,6 +63,7 @@ class HFCritic(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.weight)
         torch.nn.init.zeros_(self.value_head.bias)
         self.backbone.eval()
+        self.vocab_size = backbone.get_input_embeddings().num_embeddings
 
     def train(self, mode: bool = True) -> "HFCritic":
         super().train(mode)
@@ -72,6 +75,9 @@ class HFCritic(torch.nn.Module):
 
     def forward(self, input_ids, position_ids=None, attention_mask=None, **_):
         dtype = self.value_head.weight.dtype
+        # the actor may sample from megatron's padded vocabulary rows (ids >= the HF vocabulary):
+        # such tokens have no embedding here and are read as token 0 (no host sync, no error mid-run)
+        input_ids = torch.where(input_ids < self.vocab_size, input_ids, torch.zeros_like(input_ids))
         out = self.backbone(input_ids=input_ids, position_ids=position_ids,
                             attention_mask=additive_mask(attention_mask, dtype), use_cache=False)
         return self.value_head(out.last_hidden_state)
