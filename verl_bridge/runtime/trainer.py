@@ -316,6 +316,9 @@ class MegatronTrainer:
             metrics["vf_clipfrac"] = critic_stats.get("vf_clipfrac", 0.0)
             metrics["critic_grad_norm"] = critic_stats.get("grad_norm", 0.0)
         self.engine.sync_weights()
+        if self.config.rollout.verify_sync and self.config.rollout.engine == "native":  # rollout/verify.py
+            from verl_bridge.rollout.verify import verify_native_engine
+            verify_native_engine(self.roles.actor, threshold=self.config.rollout.verify_threshold)
         t_train = time.perf_counter() - t1
         mask = exp.response_mask
         metrics["reward_mean"] = float(exp.scores.mean())
