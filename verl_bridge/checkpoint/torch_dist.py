@@ -21,10 +21,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from megatron.core.dist_checkpointing.strategies.base import SaveShardedStrategy
+try:  # megatron-core <= 0.16 (the CPU machines); 0.19 removed strategies.base
+    from megatron.core.dist_checkpointing.strategies.base import SaveShardedStrategy
+except ImportError:  # pragma: no cover - exercised on the GPU machine (megatron-core 0.19.2)
+    SaveShardedStrategy = None
 
 
-class SyncTorchDistSaveStrategy(SaveShardedStrategy):
+class _Unavailable:
+    def __init__(self, *_, **__):
+        import megatron.core
+
+        raise RuntimeError(
+            "checkpoint_format=torch_dist: verl-bridge's synchronous torch_dist writer is built on "
+            "megatron.core.dist_checkpointing.strategies.base, which megatron-core "
+            f"{getattr(megatron.core, '__version__', '?')} does not have (it exists up to 0.16). "
+            "Use trainer.checkpoint_format=legacy with this megatron-core, or megatron-core <= 0.16.")
+
+
+class SyncTorchDistSaveStrategy(SaveShardedStrategy or _Unavailable):
     def __init__(self, backend: str = "torch_dist", version: int = 1):
         super().__init__(backend, version)
 
