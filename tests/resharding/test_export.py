@@ -45,3 +45,20 @@ def test_peak_memory_is_bounded_by_the_bucket(layout_results):
                     assert len(sizes) == 1 or sum(sizes) <= cap, (where, sizes)
             assert len(r["one"]["buckets"]) == r["one"]["stats"].buckets > len(r["two_largest"]["buckets"])
 
+
+
+def test_virtual_pipeline_chunks(layout_results):
+    for rank, out in enumerate(layout_results):
+        r = out["vpp"]
+        assert r["mismatched"] == [] and r["names"] == r["expected"], rank
+    # interleaved: stage 0 holds layers 0-3 and 8-11, stage 1 holds 4-7 and 12-15 (DP=2 beside)
+    assert layout_results[0]["vpp"]["layers"] == [[0, 1, 2, 3], [8, 9, 10, 11]]
+    assert layout_results[-1]["vpp"]["layers"] == [[4, 5, 6, 7], [12, 13, 14, 15]]
+
+
+def test_dtype_cast_on_the_way_out(layout_results):
+    import torch
+
+    for rank, out in enumerate(layout_results):
+        r = out["bf16"]
+        assert r["names"] == r["expected"] and r["mismatched"] == [] and r["dtypes"] == {torch.bfloat16}, rank

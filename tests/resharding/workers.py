@@ -99,8 +99,48 @@ def layouts_worker(rank, world_size, dirs):
                 out[("verify", tp, arch)] = _verify_checks(model, dirs[arch])
             out[(tp, pp, arch)] = res
             del model
+        if (tp, pp) == (2, 2):  # cast on the way out
+            ref = SafetensorsDir(dirs["llama"])
+            model = build(dirs["llama"], pp_rank, pp)
+            exp = WeightExporter(model, vocab_size=HF_VOCAB, bucket_bytes=SMALL_BUCKET, dtype=torch.bfloat16)
+            got = list(exp.iter_tensors())
+            out["bf16"] = dict(names=sorted(n for n, _ in got), expected=sorted(ref.keys()),
+                               dtypes={t.dtype for _, t in got},
+                               mismatched=[n for n, t in got if not torch.equal(t, ref[n].to(torch.bfloat16))])
         mpu.destroy_model_parallel()
+    out["vpp"] = _vpp_check(dirs["deep_llama"])
     return out
+
+
+def _vpp_check(hf_dir, pp: int = 2, vpp: int = 2):
+    """PP=2 with two virtual-pipeline chunks per stage (interleaved layers), TP=1."""
+    from megatron.core import parallel_state as mpu
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from verl_bridge.arch.hf import SafetensorsDir, hf_to_mcore_config, load_hf_weights
+    from verl_bridge.compat import make_cpu_safe
+    from verl_bridge.resharding import WeightExporter
+
+    mpu.initialize_model_parallel(1, pp, virtual_pipeline_model_parallel_size=vpp)
+    pp_rank = mpu.get_pipeline_model_parallel_rank()
+    tf, gpt, _ = hf_to_mcore_config(hf_dir)
+    config = TransformerConfig(**tf, tensor_model_parallel_size=1, pipeline_model_parallel_size=pp,
+                               virtual_pipeline_model_parallel_size=vpp, pipeline_dtype=torch.float32)
+    chunks = []
+    for v in range(vpp):
+        with cpu_tensor_cuda_noop():
+            m = GPTModel(config=config, pre_process=pp_rank == 0 and v == 0,
+                         post_process=pp_rank == pp - 1 and v == vpp - 1, vp_stage=v, **gpt)
+        m = make_cpu_safe(m)
+        load_hf_weights(m, hf_dir)
+        chunks.append(m)
+    ref = SafetensorsDir(hf_dir)
+    exp = WeightExporter(chunks, vocab_size=HF_VOCAB, bucket_bytes=SMALL_BUCKET)
+    names, mismatched, _ = _export_check(exp, ref)
+    layers = [[layer.layer_number - 1 for layer in c.decoder.layers] for c in chunks]
+    mpu.destroy_model_parallel()
+    return dict(names=sorted(names), expected=sorted(ref.keys()), mismatched=mismatched, layers=layers)
 
 
 
