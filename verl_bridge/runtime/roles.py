@@ -31,7 +31,8 @@ def to_critic(model: torch.nn.Module) -> torch.nn.Module:
     if not hasattr(model, "output_layer"):
         raise ValueError("a megatron critic needs a GPTModel built with post_process=True (it has no output_layer)")
     hidden = model.config.hidden_size
-    model.output_layer = ValueHead(hidden, dtype=model.config.params_dtype)
+    device = next(model.parameters()).device  # the head lives where the model does (CUDA too)
+    model.output_layer = ValueHead(hidden, dtype=model.config.params_dtype).to(device)
     model.share_embeddings_and_output_weights = False
     return model
 
