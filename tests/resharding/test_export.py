@@ -62,3 +62,11 @@ def test_dtype_cast_on_the_way_out(layout_results):
     for rank, out in enumerate(layout_results):
         r = out["bf16"]
         assert r["names"] == r["expected"] and r["mismatched"] == [] and r["dtypes"] == {torch.bfloat16}, rank
+
+
+def test_transformer_engine_norm_names_and_unknown_parameters(layout_results):
+    for rank, out in enumerate(layout_results):
+        r = out["te_names"]
+        assert r["renamed"] == 4  # 2 layers x (attention norm, MLP norm) under their TE names
+        assert r["mismatched"] == [] and r["names"] == r["expected"], rank
+        assert r["error"] is not None and "mystery" in r["error"] and "llama" in r["error"], r["error"]

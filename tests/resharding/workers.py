@@ -95,6 +95,8 @@ def layouts_worker(rank, world_size, dirs):
                     res[cap_name] = dict(names=names, mismatched=mismatched, buckets=buckets, stats=exp.stats,
                                          largest=largest, cap=exp.bucket_bytes)
             res["seconds"] = time.perf_counter() - t0
+            if (tp, pp) == (2, 1) and arch == "llama":
+                out["te_names"] = _te_names_check(model, ref)
             if pp == 1 and arch in ARCHS:
                 out[("verify", tp, arch)] = _verify_checks(model, dirs[arch])
             out[(tp, pp, arch)] = res
@@ -192,3 +194,36 @@ def _verify_checks(model, hf_dir):
     res["noise_no_checksums"] = run()
     res["native"] = verify_native_engine(model, threshold=1e-4, vocab_size=HF_VOCAB)
     return res
+
+
+class _Renamed:
+    """A GPTModel seen through different parameter names (what a Transformer Engine spec model has)."""
+
+    def __init__(self, model, rename, extra=None):
+        self.model, self.rename, self.extra = model, rename, extra or {}
+        self.config, self.decoder, self.vocab_size = model.config, model.decoder, model.vocab_size
+        self.share_embeddings_and_output_weights = model.share_embeddings_and_output_weights
+
+    def state_dict(self, keep_vars=False):
+        sd = {self.rename(k): v for k, v in self.model.state_dict(keep_vars=keep_vars).items()}
+        return {**sd, **self.extra}
+
+
+def _te_names_check(model, ref):
+    from verl_bridge.resharding import WeightExporter
+
+    def te(name):
+        return (name.replace(".input_layernorm.weight", ".self_attention.linear_qkv.layer_norm_weight")
+                .replace(".pre_mlp_layernorm.weight", ".mlp.linear_fc1.layer_norm_weight"))
+
+    proxy = _Renamed(model, te)
+    renamed = sum(1 for k in proxy.state_dict() if "layer_norm_weight" in k)
+    names, mismatched, _ = _export_check(WeightExporter(proxy, arch="llama", vocab_size=HF_VOCAB), ref)
+    odd = _Renamed(model, lambda n: n, {"decoder.layers.0.self_attention.mystery.weight": torch.zeros(2)})
+    try:
+        list(WeightExporter(odd, arch="llama", vocab_size=HF_VOCAB).iter_buckets())
+        error = None
+    except ValueError as e:
+        error = str(e)
+    return dict(renamed=renamed, names=sorted(names), expected=sorted(ref.keys()), mismatched=mismatched,
+                error=error)

@@ -63,6 +63,24 @@ class ExportStats:
         return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
 
 
+# Transformer Engine layer specs fuse the pre-attention / pre-MLP norms into the next linear layer;
+# the architecture maps use the local spec's names. Norm weights are replicated across TP.
+_TE_NORM_ALIASES = (
+    (".self_attention.linear_qkv.layer_norm_weight", ".input_layernorm.weight"),
+    (".self_attention.linear_qkv.layer_norm_bias", ".input_layernorm.bias"),
+    (".mlp.linear_fc1.layer_norm_weight", ".pre_mlp_layernorm.weight"),
+    (".mlp.linear_fc1.layer_norm_bias", ".pre_mlp_layernorm.bias"),
+)
+
+
+def local_spec_name(name: str) -> str:
+    """The local-spec name of a megatron parameter (TE fused-norm names mapped back)."""
+    for te, local in _TE_NORM_ALIASES:
+        if name.endswith(te):
+            return name[: -len(te)] + local
+    return name
+
+
 def _unwrap(model):
     while hasattr(model, "module") and isinstance(getattr(model, "module"), torch.nn.Module):
         model = model.module
@@ -174,7 +192,7 @@ class WeightExporter:
             for lname, t in chunk.state_dict(keep_vars=True).items():
                 if lname.endswith("._extra_state") or t is None:
                     continue
-                g = to_global_name(lname, offset)
+                g = local_spec_name(to_global_name(lname, offset))
                 if g == "output_layer.weight" and self.dims.tie_embeddings:
                     continue  # the last stage's copy of the tied embeddings
                 if g not in known:
