@@ -83,10 +83,9 @@ def unsupported_reason(model: torch.nn.Module) -> Optional[str]:
 
 
 def _norm(x, weight, bias, kind: str, eps: float):
+    # the local spec's norms are torch.nn.RMSNorm / LayerNorm: the same functional kernels
     if kind == "RMSNorm":
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        return (xf * weight.float()).to(x.dtype) if weight.dtype != x.dtype else xf.to(x.dtype) * weight
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
@@ -187,7 +186,7 @@ class FastDecoder:
         h = F.linear(h, L.fc1_w, L.fc1_b)
         if self.gated:
             g, u = torch.chunk(h, 2, dim=-1)
-            h = self.act(g) * u
+            h = self.act(g) * u  # noqa: the activation is the config's (SiLU for SwiGLU)
         else:
             h = self.act(h)
         return x + F.linear(h, L.fc2_w, L.fc2_b)
@@ -224,26 +223,32 @@ class FastDecoder:
         return self._logits(x)
 
     def forward_decode(self, tok, abs_pos, write_idx, key_valid, cache_k, cache_v):
-        """One token per row at cache slot ``write_idx`` (0-dim long tensor); returns logits [B, V]."""
+        """One token per row at cache slot ``write_idx`` (0-dim long tensor); returns logits [B, V].
+
+        Kept to few kernels per layer (what a CUDA graph replays): one fused norm, the QKV GEMM,
+        RoPE on q and k together, two cache writes, one SDPA call in which a group's ``r`` query
+        heads play the role of ``r`` query positions against that group's keys (GQA without
+        repeating K/V), the output GEMM, and the MLP.
+        """
         B = tok.shape[0]
+        G, r, hd = self.num_groups, self.rep, self.head_dim
         x = self._embed(tok[:, None], abs_pos[:, None])
         cos = sin = None
         if self.rope:
-            cos, sin = self._cos_sin(write_idx.expand(B, 1), x.dtype)
-        neg = torch.finfo(torch.float32).min
-        bias = torch.zeros(key_valid.shape, dtype=torch.float32, device=tok.device).masked_fill(~key_valid, neg)
-        bias = bias[:, None, None, :]  # [B, 1, 1, L]
+            cos, sin = self._cos_sin(write_idx.expand(B), x.dtype)  # [B, hd]
+            cos, sin = cos[:, None, None, :], sin[:, None, None, :]
+        mask = key_valid[:, None, None, :]  # [B, 1, 1, L], True = attend
         idx = write_idx.view(1)
         for i, L in enumerate(self._layers()):
             h = _norm(x, L.ln1_w, L.ln1_b, self.kind, self.eps)
-            q, k, v = self._qkv(L, h, cos, sin)  # q [B,G,1,r,hd], k/v [B,G,1,hd]
-            cache_k[i].index_copy_(2, idx, k)
-            cache_v[i].index_copy_(2, idx, v)
-            q = q[:, :, 0]  # [B, G, r, hd]
-            scores = torch.matmul(q, cache_k[i].transpose(-1, -2)).float() * self.scale + bias  # [B,G,r,L]
-            probs = torch.softmax(scores, dim=-1).to(q.dtype)
-            o = torch.matmul(probs, cache_v[i]).reshape(B, 1, self.num_heads * self.head_dim)
-            x = x + F.linear(o, L.proj_w, L.proj_b)
+            qkv = F.linear(h, L.qkv_w, L.qkv_b).view(B, G, r + 2, hd)
+            qk = qkv[:, :, : r + 1]
+            if cos is not None:
+                qk = qk * cos + _rotate_half(qk) * sin
+            cache_k[i].index_copy_(2, idx, qk[:, :, r:])
+            cache_v[i].index_copy_(2, idx, qkv[:, :, r + 1:])
+            o = F.scaled_dot_product_attention(qk[:, :, :r], cache_k[i], cache_v[i], attn_mask=mask, scale=self.scale)
+            x = x + F.linear(o.reshape(B, 1, G * r * hd), L.proj_w, L.proj_b)
             x = self._mlp(L, x)
         return self._logits(x)[:, 0]
 

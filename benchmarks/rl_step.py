@@ -1,0 +1,202 @@
+"""End-to-end GRPO step: verl-bridge's MegatronTrainer vs TRL's GRPOTrainer, same model and batch.
+
+Model: Qwen2-0.5B's shape, random weights, bf16, saved once as a local HF directory with a
+word-level tokenizer (no downloads). Batch: 16 prompts x 4 generations = 64 sequences, prompt 128
+tokens, up to 256 new tokens, temperature 1, no KL (no reference model on either side), one
+optimizer step per batch, lr 1e-6. Reward: a rule on the text (identical function both sides).
+
+Each side runs ``--steps`` steps in its own subprocess of this one script run (so neither
+framework's process-group or allocator state leaks into the other); the first step is warm-up
+(graph capture, compilation) and the median of the rest is reported. ``tokens/s`` = sequences x
+(prompt + response) tokens / step time. ``ratio`` = ours / TRL. Also: MFU of our actor update,
+6 N T + 12 L h S T FLOPs over ``time_train_s``, against the bf16 matmul rate measured here.
+
+    python benchmarks/rl_step.py          # writes benchmarks/results/rl_step-<device>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks import _common as C  # noqa: E402
+
+PROMPTS, GROUP, P, R = 16, 4, 128, 256
+SMALL = dict(PROMPTS=4, GROUP=2, P=8, R=8)
+
+
+def reward(text: str, truth: str = "", **_) -> float:
+    """Rule reward: fraction of words that are ``w`` + an even number (same for both sides)."""
+    words = text.split()
+    return sum(1 for w in words if w[1:].isdigit() and int(w[1:]) % 2 == 0) / max(len(words), 1)
+
+
+def _workload(small: bool):
+    return SMALL if small else dict(PROMPTS=PROMPTS, GROUP=GROUP, P=P, R=R)
+
+
+def _write_prompts(path: Path, vocab: int, n: int, plen: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    with open(path, "w") as f:
+        for _ in range(n):
+            ids = torch.randint(3, vocab, (plen,), generator=g).tolist()
+            f.write(json.dumps({"prompt": " ".join(f"w{i}" for i in ids), "answer": ""}) + "\n")
+
+
+def run_ours(model_dir: str, small: bool, steps: int) -> dict:
+    from transformers import PreTrainedTokenizerFast
+
+    from verl_bridge import MegatronBridge, MegatronTrainer
+    from verl_bridge.config import load_config
+
+    w = _workload(small)
+    cuda = torch.cuda.is_available()
+    cfg = {
+        "trainer": {"total_steps": steps, "output_dir": None, "device": "cuda" if cuda else "cpu",
+                    "precision": "bf16" if cuda else "fp32", "progress_bar": False, "seed": 1},
+        "model": {"actor": {"type": "megatron", "args": {"model_name_or_path": model_dir}},
+                  "reward": {"type": "function", "args": {"path": "benchmarks.rl_step:reward"}}},
+        "data": {"rollout_batch_size": w["PROMPTS"], "max_prompt_length": w["P"], "max_response_length": w["R"],
+                 "train_files": str(Path(model_dir) / "prompts.jsonl"), "task": None},
+        "algorithm": {"name": "grpo", "group_size": w["GROUP"], "micro_batch_size": 16 if not small else 4,
+                      "ppo_epochs": 1, "kl": {"coef": 0.0}},
+        "optim": {"actor": {"lr": 1e-6}},
+        "rollout": {"temperature": 1.0},
+    }
+    config = load_config(cfg)
+    config.source_dir = str(ROOT)
+    # AutoTokenizer would pick Qwen2Tokenizer from config.json's model_type; load the saved one as is
+    tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
+    trainer = MegatronTrainer(config, bridge=MegatronBridge(config=config, tokenizer=tok))
+    hist = trainer.train()
+    return {"history": hist}
+
+
+def run_trl(model_dir: str, small: bool, steps: int) -> dict:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    w = _workload(small)
+    cuda = torch.cuda.is_available()
+    rows = [json.loads(line) for line in open(Path(model_dir) / "prompts.jsonl")]
+    ds = Dataset.from_list([{"prompt": r["prompt"]} for r in rows])
+    tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if cuda else torch.float32)
+
+    def trl_reward(completions, **_):
+        return [reward(c) for c in completions]
+
+    times: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            if cuda:
+                torch.cuda.synchronize()
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - self.t0)
+
+    n = w["PROMPTS"] * w["GROUP"]
+    args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="trl_"), per_device_train_batch_size=n,
+                      num_generations=w["GROUP"], max_completion_length=w["R"], learning_rate=1e-6,
+                      bf16=cuda, logging_steps=1, report_to=[], max_steps=steps, beta=0.0, num_iterations=1,
+                      gradient_accumulation_steps=1, temperature=1.0, save_strategy="no", use_vllm=False,
+                      seed=1, use_cpu=not cuda)
+    trainer = GRPOTrainer(model=model, reward_funcs=trl_reward, args=args, train_dataset=ds,
+                          processing_class=tok, callbacks=[Timer()])
+    trainer.train()
+    lengths = [h.get("completions/mean_length") for h in trainer.state.log_history if "completions/mean_length" in h]
+    return {"step_times": times, "mean_completion_length": lengths}
+
+
+def _child(side: str, model_dir: str, small: bool, steps: int, out: str) -> None:
+    res = run_ours(model_dir, small, steps) if side == "ours" else run_trl(model_dir, small, steps)
+    Path(out).write_text(json.dumps(res, default=float))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--child", choices=["ours", "trl"], help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    dev = C.device()
+    small = args.small or dev.type == "cpu"
+    if args.child:
+        _child(args.child, args.model_dir, small, args.steps, args.out)
+        return 0
+    w = _workload(small)
+    shape = C.QWEN2_TINY if small else C.QWEN2_05B
+    model_dir = tempfile.mkdtemp(prefix="bench_rl_")
+    C.make_hf_model(shape, model_dir, dtype=torch.float32 if dev.type == "cpu" else torch.bfloat16)
+    _write_prompts(Path(model_dir) / "prompts.jsonl", shape["vocab_size"], 256, w["P"])
+    seqs = w["PROMPTS"] * w["GROUP"]
+    results, baseline = {}, {}
+    side_out = {}
+    for side in ("ours", "trl"):
+        out = Path(model_dir) / f"{side}.json"
+        cmd = [sys.executable, __file__, "--child", side, "--model-dir", model_dir, "--out", str(out),
+               "--steps", str(args.steps)] + (["--small"] if small else [])
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])},
+            capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            (results if side == "ours" else baseline)["error"] = proc.stderr[-1500:]
+            print(proc.stderr[-4000:], file=sys.stderr)
+            continue
+        side_out[side] = json.loads(out.read_text())
+        (results if side == "ours" else baseline)["process_wall_s"] = wall
+
+    if "ours" in side_out:
+        hist = side_out["ours"]["history"][1:] or side_out["ours"]["history"]
+        step = statistics.median(h["time_step_s"] for h in hist)
+        train = statistics.median(h["time_train_s"] for h in hist)
+        roll = statistics.median(h["time_rollout_s"] for h in hist)
+        resp = statistics.mean(h["response_length"] for h in hist)
+        results.update(step_s=step, rollout_s=roll, train_s=train, mean_response_length=resp,
+                       tokens_per_s=seqs * (w["P"] + w["R"]) / step,
+                       reward_mean_by_step=[h["reward_mean"] for h in side_out["ours"]["history"]])
+        if dev.type == "cuda":
+            L, h, V, ffn = (shape[k] for k in ("num_hidden_layers", "hidden_size", "vocab_size", "intermediate_size"))
+            kv = h // shape["num_attention_heads"] * shape["num_key_value_heads"]
+            n_matmul = L * (h * (h + 2 * kv) + h * h + 3 * h * ffn) + V * h
+            S = w["P"] + w["R"]
+            flops = (6 * n_matmul + 12 * L * h * S) * seqs * S
+            peak = C.matmul_tflops(dev, 8192)
+            results.update(update_tflops=flops / train / 1e12, matmul_peak_tflops=peak,
+                           mfu=flops / train / 1e12 / peak, flops_formula="6*N*T + 12*L*h*S*T, N = matmul params")
+    if "trl" in side_out:
+        times = side_out["trl"]["step_times"]
+        t = statistics.median(times[1:] or times)
+        baseline.update(step_s=t, tokens_per_s=seqs * (w["P"] + w["R"]) / t, step_times=times,
+                        mean_completion_length=side_out["trl"]["mean_completion_length"])
+    ratio = (round(results["tokens_per_s"] / baseline["tokens_per_s"], 3)
+             if "tokens_per_s" in results and "tokens_per_s" in baseline else None)
+    cfg = {"model": "qwen2-0.5b-shape (random init)" if not small else "qwen2-tiny", "prompts": w["PROMPTS"],
+           "group_size": w["GROUP"], "prompt_len": w["P"], "max_new_tokens": w["R"], "steps": args.steps,
+           "algorithm": "grpo, kl 0, 1 epoch, 1 optimizer step/batch", "ratio_definition": "ours / TRL tokens/s"}
+    C.write_result("rl_step", dev, cfg, results, baseline, ratio)
+    return 0 if ratio is not None else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
