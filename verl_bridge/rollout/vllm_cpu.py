@@ -1,0 +1,262 @@
+"""Build vLLM's own model classes on the CPU and call their real ``load_weights``.
+
+vLLM cannot generate without a GPU, but its model classes (``Qwen2ForCausalLM``,
+``LlamaForCausalLM``, ...) and their weight loaders run on the CPU once vLLM is told it is on a
+CPU platform. This harness does exactly that, so a weight stream (for example the resharded
+Megatron stream of :class:`verl_bridge.resharding.export.WeightExporter`) can be checked against
+the layout vLLM really expects, without a GPU:
+
+    from verl_bridge.rollout.vllm_cpu import build_cpu_model, load_stream, expected_shards
+    model = build_cpu_model(hf_dir, tp_size=1)          # world of one, or inside a gloo world
+    loaded = load_stream(model, stream)                 # vLLM's own load_weights
+    report = compare_to_expected(model, expected_shards(hf_dir, tp_size, tp_rank))
+
+Steps (tried with vLLM 0.33.0 and megatron-core 0.16.1 in one environment):
+
+1. ``vllm.platforms._current_platform = CpuPlatform()`` before any config is built;
+2. ``VllmConfig(model_config=ModelConfig(model=hf_dir, skip_tokenizer_init=True, dtype="float32",
+   enforce_eager=True), device_config=DeviceConfig(device="cpu"), parallel_config=...)``;
+3. inside ``set_current_vllm_config``: ``init_distributed_environment(..., backend="gloo")``
+   (reuses an already initialised torch.distributed world) and
+   ``initialize_model_parallel(tp, 1)``;
+4. construct the model class named by the HF config's ``architectures``.
+
+vLLM's TP groups are its own (``vllm.distributed.parallel_state``); with ``tp_size > 1`` run
+this in ``tp_size`` gloo processes. Do not mix it with megatron's parallel state in one process.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Mapping, Optional
+
+import torch
+
+# vLLM pads vocabulary-parallel embeddings and LM heads to a multiple of this
+# (vllm.model_executor.layers.vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE).
+VOCAB_PADDING = 64
+
+
+def use_cpu_platform() -> None:
+    """Make vLLM believe it runs on a CPU platform (must run before any vLLM config is built)."""
+    import vllm.platforms as platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    if not isinstance(getattr(platforms, "_current_platform", None), CpuPlatform):
+        platforms._current_platform = CpuPlatform()
+
+
+def cpu_vllm_config(hf_dir, *, tp_size: int = 1, dtype: str = "float32"):
+    """A ``VllmConfig`` for *hf_dir* on the CPU (no tokenizer, eager, given TP size)."""
+    use_cpu_platform()
+    from vllm.config import DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
+
+    return VllmConfig(
+        model_config=ModelConfig(model=str(hf_dir), skip_tokenizer_init=True, dtype=dtype,
+                                 enforce_eager=True),
+        device_config=DeviceConfig(device="cpu"),
+        parallel_config=ParallelConfig(tensor_parallel_size=tp_size),
+    )
+
+
+def init_cpu_parallel(tp_size: int = 1) -> None:
+    """vLLM's distributed state over gloo: reuses torch.distributed if it is initialised."""
+    import torch.distributed as dist
+    from vllm.distributed import parallel_state as vps
+
+    if dist.is_initialized():
+        world, rank = dist.get_world_size(), dist.get_rank()
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        method = "env://"
+    else:
+        from verl_bridge.parallel import free_port
+
+        world, rank, local_rank = 1, 0, 0
+        method = f"tcp://127.0.0.1:{free_port()}"
+    if world % tp_size:
+        raise ValueError(f"vLLM tp_size={tp_size} does not divide the world size {world}")
+    if vps.model_parallel_is_initialized():
+        if vps.get_tensor_model_parallel_world_size() != tp_size:
+            raise RuntimeError("vLLM model parallel state is already initialised with another TP size")
+        return
+    vps.init_distributed_environment(world_size=world, rank=rank, distributed_init_method=method,
+                                      local_rank=local_rank, backend="gloo")
+    vps.initialize_model_parallel(tp_size, 1)
+
+
+def model_class_for(vllm_config):
+    """vLLM's model class for the HF config's ``architectures`` (e.g. ``Qwen2ForCausalLM``)."""
+    from vllm.model_executor.models import ModelRegistry
+
+    archs = list(vllm_config.model_config.architectures or [])
+    for a in archs:
+        try:
+            cls = ModelRegistry._try_load_model_cls(a)
+        except Exception:  # noqa: BLE001 - try the next name
+            cls = None
+        if cls is not None:
+            return cls
+    raise ValueError(f"vLLM has no model class for architectures {archs}")
+
+
+def build_cpu_model(hf_dir, *, tp_size: int = 1):
+    """vLLM's own model for *hf_dir* on the CPU (uninitialised weights), this rank's TP shard.
+
+    Built through ``vllm.model_executor.model_loader.utils.initialize_model`` like vLLM's loaders
+    do. Returns the model; its ``vllm_config`` is attached as ``model._verl_vllm_config``.
+    """
+    from vllm.config import set_current_vllm_config
+
+    from vllm.model_executor.model_loader.utils import initialize_model
+
+    cfg = cpu_vllm_config(hf_dir, tp_size=tp_size)
+    with set_current_vllm_config(cfg):
+        init_cpu_parallel(tp_size)
+        cls = model_class_for(cfg)
+        with torch.device("cpu"):
+            # vLLM's own constructor path (also records the metadata layerwise reloading needs)
+            model = initialize_model(cfg, model_class=cls)
+    model._verl_vllm_config = cfg
+    return model.eval()
+
+
+def load_stream(model, stream: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+    """Feed ``(hf_name, tensor)`` pairs to the model's own ``load_weights``; return loaded names."""
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(model._verl_vllm_config), torch.no_grad():
+        loaded = model.load_weights(iter(stream))
+    return set(loaded or ())
+
+
+def missing_params(model, loaded: set[str]) -> list[str]:
+    """vLLM parameters the stream did not load (``named_parameters()`` minus *loaded*).
+
+    vLLM reports a fused parameter (``qkv_proj``, ``gate_up_proj``) as loaded as soon as ONE of
+    its parts arrived, so this cannot see a missing ``up_proj``: use :func:`missing_sources`
+    (and :func:`compare_to_expected`) as well.
+    """
+    return sorted(n for n, _ in model.named_parameters() if n not in loaded)
+
+
+def missing_sources(stream_names: Iterable[str], hf_names: Iterable[str]) -> list[str]:
+    """HF tensors (e.g. the keys of the model's safetensors files) the stream never sent."""
+    sent = set(stream_names)
+    return sorted(n for n in hf_names if n not in sent)
+
+
+# ---- the expected vLLM layout, built from HF tensors ------------------------------------
+
+def _pad_rows(t: torch.Tensor, multiple: int) -> torch.Tensor:
+    rows = -(-t.shape[0] // multiple) * multiple
+    if rows == t.shape[0]:
+        return t
+    return torch.cat([t, t.new_zeros((rows - t.shape[0],) + tuple(t.shape[1:]))], 0)
+
+
+def _heads_shard(t: torch.Tensor, heads: int, tp_size: int, tp_rank: int) -> torch.Tensor:
+    """Rows of *heads* attention heads for one TP rank; KV heads < TP are replicated (vLLM)."""
+    if heads >= tp_size:
+        return t.chunk(tp_size, 0)[tp_rank]
+    replicas = tp_size // heads
+    return t.chunk(heads, 0)[tp_rank // replicas]
+
+
+def expected_shards(hf_tensors: Mapping[str, torch.Tensor], hf_config, tp_size: int = 1,
+                    tp_rank: int = 0) -> dict[str, torch.Tensor]:
+    """What a Llama/Qwen2-family vLLM model's ``named_parameters()`` hold on one TP rank.
+
+    Built from plain HF tensors: ``qkv_proj`` = ``[q_i; k_i; v_i]`` (vLLM's
+    ``QKVParallelLinear``), ``gate_up_proj`` = ``[gate_i; up_i]`` (``MergedColumnParallelLinear``),
+    row-parallel ``o_proj`` / ``down_proj`` split on dim 1, vocabulary padded with zero rows to
+    a multiple of 64 x TP and split on dim 0, norms replicated. Tied embeddings give no
+    ``lm_head.weight``.
+    """
+    heads = hf_config.num_attention_heads
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    out: dict[str, torch.Tensor] = {}
+
+    def col(t):
+        return t.chunk(tp_size, 0)[tp_rank]
+
+    layer_prefixes = sorted({n.rsplit(".self_attn.", 1)[0] for n in hf_tensors if ".self_attn.q_proj." in n})
+    for pre in layer_prefixes:
+        for kind in ("weight", "bias"):
+            q = hf_tensors.get(f"{pre}.self_attn.q_proj.{kind}")
+            if q is None:
+                continue
+            k = hf_tensors[f"{pre}.self_attn.k_proj.{kind}"]
+            v = hf_tensors[f"{pre}.self_attn.v_proj.{kind}"]
+            out[f"{pre}.self_attn.qkv_proj.{kind}"] = torch.cat(
+                [_heads_shard(q, heads, tp_size, tp_rank), _heads_shard(k, kv_heads, tp_size, tp_rank),
+                 _heads_shard(v, kv_heads, tp_size, tp_rank)], 0)
+        out[f"{pre}.self_attn.o_proj.weight"] = hf_tensors[f"{pre}.self_attn.o_proj.weight"].chunk(tp_size, 1)[tp_rank]
+        out[f"{pre}.mlp.gate_up_proj.weight"] = torch.cat(
+            [col(hf_tensors[f"{pre}.mlp.gate_proj.weight"]), col(hf_tensors[f"{pre}.mlp.up_proj.weight"])], 0)
+        out[f"{pre}.mlp.down_proj.weight"] = hf_tensors[f"{pre}.mlp.down_proj.weight"].chunk(tp_size, 1)[tp_rank]
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            out[f"{pre}.{norm}.weight"] = hf_tensors[f"{pre}.{norm}.weight"]
+    out["model.norm.weight"] = hf_tensors["model.norm.weight"]
+    emb = _pad_rows(hf_tensors["model.embed_tokens.weight"], VOCAB_PADDING * tp_size)
+    out["model.embed_tokens.weight"] = col(emb)
+    if not tied:
+        out["lm_head.weight"] = col(_pad_rows(hf_tensors["lm_head.weight"], VOCAB_PADDING * tp_size))
+    return out
+
+
+def compare_to_expected(model, expected: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """``{param name: problem}`` for every vLLM parameter that is not exactly its expected tensor."""
+    problems: dict[str, str] = {}
+    params = dict(model.named_parameters())
+    for name in sorted(set(params) | set(expected)):
+        if name not in expected:
+            problems[name] = "vLLM parameter with no expected tensor"
+            continue
+        if name not in params:
+            problems[name] = "expected tensor with no vLLM parameter"
+            continue
+        got, want = params[name].detach(), expected[name]
+        if tuple(got.shape) != tuple(want.shape):
+            problems[name] = f"shape {tuple(got.shape)} != expected {tuple(want.shape)}"
+        elif not torch.equal(got, want.to(got.dtype)):
+            problems[name] = f"values differ (max abs diff {(got - want.to(got.dtype)).abs().max().item():.3g})"
+    return problems
+
+
+def transfer_engine_for(model):
+    """vLLM's worker-side transfer engine of :data:`verl_bridge.rollout.vllm_engine.INPROC_BACKEND`
+    around a CPU-built model, created through vLLM's ``WeightTransferEngineFactory`` as a worker
+    does; drive it with ``init_transfer_engine`` / ``start_weight_update`` / ``update_weights`` /
+    ``finish_weight_update``."""
+    from vllm.config import WeightTransferConfig
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    from verl_bridge.rollout.vllm_engine import register_inproc_backend
+
+    cfg = model._verl_vllm_config
+    return WeightTransferEngineFactory.create_engine(WeightTransferConfig(backend=register_inproc_backend()),
+                                                     cfg, torch.device("cpu"), model)
+
+
+def check_stream(hf_dir, stream: Iterable[tuple[str, torch.Tensor]], *, tp_size: int = 1,
+                 expected_from: Optional[Mapping[str, torch.Tensor]] = None) -> dict:
+    """Load *stream* into vLLM's class for *hf_dir* on this rank; report coverage and equality.
+
+    ``expected_from`` defaults to the HF weights in *hf_dir*. Returns
+    ``{"loaded": sorted names, "missing": [...], "missing_sources": [...], "mismatched": {name: why}}``.
+    """
+    from verl_bridge.arch.hf import SafetensorsDir, load_hf_config
+
+    model = build_cpu_model(hf_dir, tp_size=tp_size)
+    items = list(stream)
+    names = [n for n, _ in items]
+    loaded = load_stream(model, items)
+    from vllm.distributed import parallel_state as vps
+
+    rank = vps.get_tensor_model_parallel_rank()
+    src = expected_from if expected_from is not None else SafetensorsDir(hf_dir)
+    expected = expected_shards(src, load_hf_config(hf_dir), tp_size, rank)
+    return {"loaded": sorted(loaded), "missing": missing_params(model, loaded),
+            "missing_sources": missing_sources(names, src.keys()),
+            "mismatched": compare_to_expected(model, expected)}
