@@ -63,6 +63,12 @@ class Placement:
     def from_trainer(cls, trainer) -> Optional["Placement"]:
         """None when every role is colocated and the reward is a function (the trainer's own path)."""
         roles = role_layout()
+        if roles is not None and dist.get_rank() == 0:
+            from verl_bridge.placement.spec import layout_lines
+            from verl_bridge.runtime.metrics import info
+
+            for line in layout_lines(trainer.config, dist.get_world_size())[:2]:
+                info(" ".join(line.split()))
         if roles is None:
             if trainer.config.model.reward.type != "model":
                 return None
