@@ -98,9 +98,10 @@ def stage_params_per_rank(s: ModelShape, tp: int, pp: int, stage: int, value_hea
 
 
 def total_params(s: ModelShape) -> int:
-    from verl_bridge.planning.shapes import parameter_tensors
+    """Parameters of the model as Hugging Face stores it (unpadded vocabulary, tied output once)."""
+    from verl_bridge.planning.shapes import stream_entries
 
-    return sum(n for _, n in parameter_tensors(s))
+    return sum(sum(pieces) for _, _, pieces in stream_entries(s))
 
 
 def activation_bytes_per_layer(s: ModelShape, seq: int, micro: int, tp: int, sp: bool, flash: bool) -> float:

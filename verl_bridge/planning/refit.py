@@ -6,8 +6,11 @@ hand to the rollout engine. Every rank streams the full model through the export
 engine keeps its own rollout-TP shard), so per sync and per rank:
 
 * bytes moved = every full HF tensor in the rollout dtype (``trainer.precision``);
-* buckets = greedy packing of those tensors in order; a tensor larger than a bucket travels alone;
-* peak extra memory = one bucket + the largest gathered (full, unsharded) tensor;
+* buckets = the exporter's packing rule replayed on the shape (:func:`count_buckets`): before each
+  megatron tensor the pending bucket is sent if the tensor's full size could overflow it, then each
+  HF piece (q/k/v, gate/up) is added, sending the bucket first when it would overflow;
+* peak extra memory = the exporter's bound ``max(bucket, F) + F``, F the largest full megatron
+  tensor (one bucket, or one tensor larger than a bucket, plus the tensor being gathered);
 * time = bytes / bandwidth, the bandwidth given (``--bandwidth-gbps``, Gbit/s) or measured here by a
   timed device-to-device tensor copy (on CPU a memory copy: a lower bound on no interconnect).
 """
@@ -20,7 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from verl_bridge.planning.memory import DTYPE_BYTES
-from verl_bridge.planning.shapes import ModelShape, parameter_tensors
+from verl_bridge.planning.shapes import ModelShape, stream_entries
 
 MiB = 1024 ** 2
 
@@ -42,20 +45,17 @@ class RefitPlan:
         return asdict(self)
 
 
-def count_buckets(sizes: list[int], bucket: int) -> int:
-    buckets, fill = 0, 0
-    for n in sizes:
-        if n >= bucket:  # travels alone
-            if fill:
-                buckets += 1
-                fill = 0
-            buckets += 1
-        elif fill + n > bucket:
-            buckets += 1
-            fill = n
-        else:
-            fill += n
-    return buckets + (1 if fill else 0)
+def count_buckets(entries: list[tuple[str, int, list[int]]], bucket: int) -> int:
+    """Buckets :meth:`WeightExporter.iter_buckets` sends for ``(name, full bytes, [piece bytes])`` entries."""
+    n, held = 0, 0
+    for _, full, pieces in entries:
+        if held and held + full > bucket:
+            n, held = n + 1, 0
+        for size in pieces:
+            if held and held + size > bucket:
+                n, held = n + 1, 0
+            held += size
+    return n + (1 if held else 0)
 
 
 def measure_copy_bandwidth(mib: int = 64, repeats: int = 5) -> tuple[float, str]:
@@ -80,13 +80,14 @@ def measure_copy_bandwidth(mib: int = 64, repeats: int = 5) -> tuple[float, str]
     return src.numel() / best, what
 
 
-def plan_refit(shape: ModelShape, precision: str, bucket_mb: int, bandwidth_gbps: Optional[float] = None,
-               measure: bool = False) -> RefitPlan:
+def plan_refit(shape: ModelShape, precision: str, bucket_mb: float, bandwidth_gbps: Optional[float] = None,
+               measure: bool = False, tp: int = 1) -> RefitPlan:
+    """``tp``: the training TP size (the vocabulary padding of the gathered embedding depends on it)."""
     nbytes = DTYPE_BYTES.get(precision, 4)
-    tensors = [(name, n * nbytes) for name, n in parameter_tensors(shape)]
-    total = sum(b for _, b in tensors)
-    bucket = bucket_mb * MiB
-    largest_name, largest = max(tensors, key=lambda t: t[1])
+    entries = [(name, full * nbytes, [p * nbytes for p in pieces]) for name, full, pieces in stream_entries(shape, tp)]
+    total = sum(sum(pieces) for _, _, pieces in entries)
+    bucket = int(bucket_mb * MiB)
+    largest_name, largest, _ = max(entries, key=lambda e: e[1])
     if bandwidth_gbps:
         bw, source = bandwidth_gbps * 1e9 / 8, f"given: {bandwidth_gbps:g} Gbit/s"
     elif measure:
@@ -94,8 +95,9 @@ def plan_refit(shape: ModelShape, precision: str, bucket_mb: int, bandwidth_gbps
     else:
         bw, source = None, "not given (--bandwidth-gbps) nor measured"
     return RefitPlan(
-        bytes_per_sync=total, tensors=len(tensors), bucket_bytes=bucket, buckets=count_buckets([b for _, b in tensors], bucket),
-        largest_tensor=largest_name, largest_tensor_bytes=largest, peak_extra_bytes=min(bucket, total) + largest,
+        bytes_per_sync=total, tensors=sum(len(pieces) for _, _, pieces in entries), bucket_bytes=bucket,
+        buckets=count_buckets(entries, bucket), largest_tensor=largest_name, largest_tensor_bytes=largest,
+        peak_extra_bytes=max(bucket, largest) + largest,
         bandwidth_bytes_per_s=bw, bandwidth_source=source, seconds=(total / bw) if bw else None,
     )
 
@@ -103,10 +105,10 @@ def plan_refit(shape: ModelShape, precision: str, bucket_mb: int, bandwidth_gbps
 def refit_lines(plan: RefitPlan, precision: str) -> list[str]:
     g = 1024 ** 3
     lines = [
-        f"refit           {plan.bytes_per_sync / g:.2f} GiB per sync ({plan.tensors} tensors in {precision}); "
-        f"{plan.buckets} bucket(s) of {plan.bucket_bytes // MiB} MiB (rollout.bucket_mb)",
-        f"                peak extra memory/rank {plan.peak_extra_bytes / g:.2f} GiB = one bucket + the largest "
-        f"gathered tensor ({plan.largest_tensor}, {plan.largest_tensor_bytes / g:.2f} GiB)",
+        f"refit           {plan.bytes_per_sync / g:.2f} GiB per sync ({plan.tensors} HF tensors in {precision}); "
+        f"{plan.buckets} bucket(s) of {plan.bucket_bytes / MiB:g} MiB (rollout.bucket_mb)",
+        f"                peak extra memory/rank {plan.peak_extra_bytes / g:.2f} GiB = max(bucket, F) + F, F the "
+        f"largest gathered tensor ({plan.largest_tensor}, {plan.largest_tensor_bytes / g:.2f} GiB)",
     ]
     if plan.seconds is not None:
         lines.append(f"                estimated sync time {plan.seconds:.3f} s at {plan.bandwidth_bytes_per_s / 1e9:.1f} "

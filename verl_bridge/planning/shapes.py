@@ -1,8 +1,8 @@
 """Model shapes for planning, without loading weights: a built-in table, an HF ``config.json``, or the tiny preset.
 
 A :class:`ModelShape` holds what the memory and refit arithmetic needs (layers, widths, heads,
-vocabulary, positions, which tensors carry biases, tied embeddings). ``parameter_tensors`` lists
-the full (unsharded, HF-layout) tensors one weight sync streams, in order.
+vocabulary, positions, which tensors carry biases, tied embeddings). :func:`stream_entries` lists
+the full tensors one weight sync streams, in the order of :class:`verl_bridge.resharding.WeightExporter`.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class ModelShape:
     norm_bias: bool = False  # LayerNorm (weight + bias) rather than RMSNorm (weight)
     learned_positions: bool = False  # absolute position table (OPT, GPT-2) rather than RoPE
     vocab_divisible_by: int = 128  # Megatron pads the vocabulary to a multiple of this * TP (tiny preset: 1)
+    position_offset: int = 0  # extra rows of the HF position table (OPT: 2)
 
     @property
     def head_dim(self) -> int:
@@ -41,7 +42,7 @@ class ModelShape:
 
 def _opt(name, layers, hidden, heads, ffn):
     return ModelShape(name, layers, hidden, heads, heads, ffn, 50272, 2048, tied_embeddings=True, linear_bias=True,
-                      norm_bias=True, learned_positions=True)
+                      norm_bias=True, learned_positions=True, position_offset=2)
 
 
 # Shapes as published in each model's Hugging Face config.json.
@@ -83,7 +84,8 @@ def shape_from_hf_config(cfg: dict, name: str = "hf") -> ModelShape:
         return ModelShape(name, layers, hidden, heads, heads, ffn, int(get("vocab_size")),
                           int(get("max_position_embeddings", "n_positions")),
                           tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-                          linear_bias=bool(cfg.get("enable_bias", True)), norm_bias=True, learned_positions=True)
+                          linear_bias=bool(cfg.get("enable_bias", True)), norm_bias=True, learned_positions=True,
+                          position_offset=2 if mt == "opt" else 0)
     act = str(cfg.get("hidden_act", "silu"))
     return ModelShape(
         name, layers, hidden, heads, int(get("num_key_value_heads", default=heads)),
@@ -149,30 +151,50 @@ def padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
     return -(-vocab // m) * m
 
 
-def parameter_tensors(shape: ModelShape) -> list[tuple[str, int]]:
-    """(name, element count) of every full tensor in HF order: what one weight sync streams."""
+def stream_entries(shape: ModelShape, tp: int = 1) -> list[tuple[str, int, list[int]]]:
+    """One weight sync's stream: ``(megatron tensor, full megatron elements, [HF piece elements])``.
+
+    Order as :class:`verl_bridge.resharding.WeightExporter` streams it (``mcore_names``: tensor
+    kind by kind, each over all layers). The megatron size includes the vocabulary padding for
+    ``tp`` (what the exporter gathers); the pieces are the HF tensors it yields (q/k/v, gate/up
+    split, padding dropped, OPT's two extra position rows added).
+    """
     s = shape
-    h, hd = s.hidden_size, s.head_dim
-    qkv = (s.num_attention_heads + 2 * s.num_query_groups) * hd
-    out: list[tuple[str, int]] = [("embed_tokens", s.vocab_size * h)]
+    h, hd, L = s.hidden_size, s.head_dim, s.num_layers
+    q, kv = s.num_attention_heads * hd, s.num_query_groups * hd
+    vp = padded_vocab(s.vocab_size, tp, s.vocab_divisible_by)
+    ffn = s.ffn_hidden_size
+    out: list[tuple[str, int, list[int]]] = [("embedding", vp * h, [s.vocab_size * h])]
     if s.learned_positions:
-        out.append(("embed_positions", s.max_position_embeddings * h))
-    norm = h * (2 if s.norm_bias else 1)
-    up = s.ffn_hidden_size * (2 if s.gated_mlp else 1)
-    for i in range(s.num_layers):
-        out += [(f"layers.{i}.input_norm", norm), (f"layers.{i}.qkv", h * qkv)]
-        if s.linear_bias or s.qkv_bias:
-            out.append((f"layers.{i}.qkv_bias", qkv))
-        out.append((f"layers.{i}.o_proj", s.num_attention_heads * hd * h))
-        if s.linear_bias:
-            out.append((f"layers.{i}.o_proj_bias", h))
-        out += [(f"layers.{i}.post_attention_norm", norm), (f"layers.{i}.up", h * up)]
-        if s.linear_bias:
-            out.append((f"layers.{i}.up_bias", up))
-        out.append((f"layers.{i}.down", s.ffn_hidden_size * h))
-        if s.linear_bias:
-            out.append((f"layers.{i}.down_bias", h))
-    out.append(("final_norm", norm))
+        out.append(("position_embeddings", s.max_position_embeddings * h,
+                    [(s.max_position_embeddings + s.position_offset) * h]))
+    layer: list[tuple[str, int, list[int]]] = [("input_norm.weight", h, [h])]
+    if s.norm_bias:
+        layer.append(("input_norm.bias", h, [h]))
+    layer.append(("linear_qkv.weight", (q + 2 * kv) * h, [q * h, kv * h, kv * h]))
+    qkv_bias = [("linear_qkv.bias", q + 2 * kv, [q, kv, kv])] if (s.linear_bias or s.qkv_bias) else []
+    if s.linear_bias:
+        layer += qkv_bias
+    layer.append(("linear_proj.weight", q * h, [q * h]))
+    if s.linear_bias:
+        layer.append(("linear_proj.bias", h, [h]))
+    layer.append(("pre_mlp_norm.weight", h, [h]))
+    if s.norm_bias:
+        layer.append(("pre_mlp_norm.bias", h, [h]))
+    fc1 = [ffn * h, ffn * h] if s.gated_mlp else [ffn * h]
+    layer.append(("linear_fc1.weight", sum(fc1), fc1))
+    if s.linear_bias:
+        layer.append(("linear_fc1.bias", ffn * len(fc1), [ffn] * len(fc1)))
+    layer.append(("linear_fc2.weight", ffn * h, [ffn * h]))
+    if s.linear_bias:
+        layer.append(("linear_fc2.bias", h, [h]))
+    for name, full, pieces in layer:
+        out += [(f"layers.{i}.{name}", full, pieces) for i in range(L)]
+    out.append(("final_norm.weight", h, [h]))
+    if s.norm_bias:
+        out.append(("final_norm.bias", h, [h]))
     if not s.tied_embeddings:
-        out.append(("lm_head", s.vocab_size * h))
+        out.append(("output_layer", vp * h, [s.vocab_size * h]))
+    if qkv_bias and not s.linear_bias:  # Qwen2's map lists the QKV biases last
+        out += [(f"layers.{i}.linear_qkv.bias", full, pieces) for _, full, pieces in qkv_bias for i in range(L)]
     return out
