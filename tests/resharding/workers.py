@@ -28,13 +28,17 @@ def _nbytes(t):
 
 def _export_check(exporter, ref):
     """Stream in buckets; compare every tensor with the reference file (in the worker)."""
-    names, mismatched, bucket_sizes = [], [], []
+    names, mismatched, bucket_sizes, given = [], [], [], []
     for bucket in exporter.iter_buckets():
+        given.append(bucket)
         bucket_sizes.append([_nbytes(t) for _, t in bucket])
         for name, t in bucket:
             names.append(name)
             if name not in ref or ref[name].shape != t.shape or not torch.equal(ref[name], t):
                 mismatched.append(name)
+    # each list was emptied once the next bucket was asked for (the loop variable frees nothing)
+    if any(given_list for given_list in given):
+        mismatched.append("<a yielded bucket list was not emptied>")
     return names, mismatched, bucket_sizes
 
 

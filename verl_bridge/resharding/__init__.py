@@ -7,4 +7,4 @@
     exp.stats.gbps, exp.stats.peak_extra_bytes
 """
 
-from verl_bridge.resharding.export import ExportStats, WeightExporter, bucket_count  # noqa: F401
+from verl_bridge.resharding.export import ExportStats, WeightExporter, local_spec_name  # noqa: F401

@@ -24,7 +24,11 @@ copy). The bound is ``max(bucket_bytes, F) + F`` where ``F`` is the largest full
 (a tensor bigger than a bucket is its own bucket, plus one tensor in flight).
 
 Yielded tensors may alias the model's parameters (zero copy) and must be treated as read-only;
-clone them to keep them past the next training step.
+clone them to keep them past the next training step. A yielded bucket list is emptied when the
+consumer asks for the next one (so that a ``for bucket in ...`` loop does not keep two buckets
+alive): copy what you want to keep (``[(n, t.clone()) for n, t in bucket]``) inside the loop body.
+Every rank of the TP x PP world must iterate the stream to its end (it is a sequence of
+collectives); the stream can be iterated again after every training step.
 """
 
 from __future__ import annotations
@@ -299,6 +303,10 @@ class WeightExporter:
             t0 = time.perf_counter()
             yield items
             paused += time.perf_counter() - t0
+            # the consumer asked for more: drop the tensors it was given, also from ITS reference to
+            # the list (a `for bucket in ...` loop variable would otherwise keep the previous bucket
+            # alive while the next one is built: two buckets instead of one)
+            items.clear()
 
         for name in self.order:
             _, shape, dt = meta[name]
@@ -353,13 +361,3 @@ class WeightExporter:
 
 __all__ = ["ExportStats", "WeightExporter"]
 
-
-def bucket_count(sizes: Sequence[int], bucket_bytes: int) -> int:
-    """How many buckets :meth:`WeightExporter.iter_buckets` makes for tensors of these byte sizes
-    (one entry per megatron parameter, in stream order) -- for planners."""
-    n, held = 0, 0
-    for s in sizes:
-        if held and held + s > bucket_bytes:
-            n, held = n + 1, 0
-        held += s
-    return n + (1 if held else 0)
