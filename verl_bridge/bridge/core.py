@@ -206,15 +206,18 @@ class MegatronBridge:
         post = self.layout.is_last_stage
         device = self.layout.device
 
+        from verl_bridge.bridge import mcore_versions
+
         def build() -> torch.nn.Module:
-            model = call_model_provider(fn, pre, post, vp_stage=None, model_builder=self.model_builder)
+            # megatron-core >= 0.15 providers may take the process groups as a ProcessGroupCollection
+            pgs = mcore_versions.default_pg_collection() if mcore_versions.provider_accepts(fn, "pg_collection") else None
+            model = call_model_provider(fn, pre, post, vp_stage=None, model_builder=self.model_builder,
+                                        pg_collection=pgs)
             if isinstance(model, (list, tuple)):
                 if len(model) != 1:
                     raise BridgeError(f"model_provider returned {len(model)} chunks; verl-bridge expects one model")
                 model = model[0]
-            from verl_bridge.compat import make_cpu_safe
-
-            return make_cpu_safe(model.to(device))
+            return mcore_versions.make_cpu_safe(model.to(device))
 
         return build
 

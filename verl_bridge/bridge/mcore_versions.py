@@ -1,0 +1,138 @@
+"""megatron-core version shims for the bridge. Supported range: megatron-core 0.12 to 0.19.
+
+CI runs ``tests/bridge`` on two versions: 0.16.1 (the main venv; Python 3.11 caps megatron-core
+at 0.16.x on CPU machines) and 0.13.1 (``.ci/mcore_old_tier.sh``). The GPU machine runs Python
+3.12 with 0.19.x. Each shim is named after the version where the API changed and says what
+changed; each acts only on objects verl-bridge (or the user's provider) built, never on a
+library module.
+
+===========================  ===================================================================
+shim                         what changed
+===========================  ===================================================================
+``VP_STAGE_SINCE``  (0.13)   ``GPTModel`` / ``TransformerBlock`` take ``vp_stage``; before, a
+                             provider must not pass it (:func:`gpt_model_kwargs`)
+``PG_COLLECTION_SINCE``      ``ProcessGroupCollection`` (``megatron.core.process_groups_config``)
+(0.15)                       and ``pg_collection=`` arguments; before, modules read
+                             ``parallel_state`` globals (:func:`default_pg_collection` -> None)
+``ROPE_GET_EMB_SINCE``       ``RotaryEmbedding.get_emb`` holds the CPU->CUDA move of
+(0.16)                       ``inv_freq``; in 0.12-0.15 ``forward`` does the move itself, so
+                             :func:`make_cpu_safe` also replaces ``forward`` there (CPU only)
+``GPTMODEL_DEPRECATED_SINCE``  ``GPTModel`` announces its deprecation in favour of
+(0.19)                       ``HybridModel``; verl-bridge still builds ``GPTModel`` (the layout of
+                             users' checkpoints), and :func:`gpt_model_class` imports it with that
+                             one notice shown once instead of on every build
+===========================  ===================================================================
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+from typing import Any, Optional
+
+import torch
+
+SUPPORTED = ((0, 12), (0, 19))
+VP_STAGE_SINCE = (0, 13)
+PG_COLLECTION_SINCE = (0, 15)
+ROPE_GET_EMB_SINCE = (0, 16)
+GPTMODEL_DEPRECATED_SINCE = (0, 19)
+
+
+@functools.lru_cache(maxsize=1)
+def mcore_version() -> tuple[int, int]:
+    """(major, minor) of the installed megatron-core."""
+    try:
+        from megatron.core import __version__ as v
+    except ImportError:  # very old layouts keep it in package_info
+        from megatron.core.package_info import __version__ as v
+    parts = str(v).split(".")
+    return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+
+
+def check_supported() -> Optional[str]:
+    """A one-line warning when the installed version is outside the supported range, else None."""
+    v = mcore_version()
+    lo, hi = SUPPORTED
+    if v < lo or v > hi:
+        return (f"megatron-core {v[0]}.{v[1]} is outside verl-bridge's supported range "
+                f"{lo[0]}.{lo[1]}-{hi[0]}.{hi[1]}; the bridge may fail in version-specific ways")
+    return None
+
+
+def gpt_model_kwargs(vp_stage: Optional[int] = None) -> dict:
+    """``vp_stage=`` for GPTModel where it exists (>= 0.13), nothing before."""
+    if vp_stage is None or mcore_version() < VP_STAGE_SINCE:
+        return {}
+    return {"vp_stage": vp_stage}
+
+
+def default_pg_collection() -> Any:
+    """megatron's ProcessGroupCollection of the current parallel_state (>= 0.15), else None."""
+    if mcore_version() < PG_COLLECTION_SINCE:
+        return None
+    try:
+        from megatron.core.process_groups_config import ProcessGroupCollection
+    except ImportError:
+        return None
+    use = getattr(ProcessGroupCollection, "use_mpu_process_groups", None)
+    return use() if use is not None else None
+
+
+@functools.lru_cache(maxsize=1)
+def gpt_model_class() -> type:
+    """``megatron.core.models.gpt.GPTModel``; from 0.19 its deprecation notice is shown once."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from megatron.core.models.gpt import GPTModel
+    for w in caught:
+        if mcore_version() >= GPTMODEL_DEPRECATED_SINCE and "GPTModel" in str(w.message):
+            warnings.warn(f"{w.message} (verl-bridge keeps building GPTModel: your checkpoints' layout)",
+                          FutureWarning, stacklevel=2)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return GPTModel
+
+
+def _rope_forward_without_cuda_move(self, max_seq_len: int, offset: int = 0, packed_seq: bool = False, **_):
+    """0.12-0.15 ``RotaryEmbedding.forward`` minus its ``inv_freq.to(cuda)`` (CPU, no context parallel)."""
+    freqs = self.get_freqs_non_repeated(max_seq_len, offset)
+    if not self.rotary_interleaved:
+        emb = torch.cat((freqs, freqs), dim=-1)
+    else:
+        emb = torch.stack((freqs.view(-1, 1), freqs.view(-1, 1)), dim=-1).view(freqs.shape[0], -1)
+    cp_group = getattr(self, "cp_group", None)
+    if cp_group is not None and cp_group.size() > 1:
+        raise RuntimeError("context parallelism needs CUDA")
+    return emb[:, None, None, :]
+
+
+_ROPE_PRE_016: dict[type, type] = {}
+
+
+def make_cpu_safe(model: torch.nn.Module) -> torch.nn.Module:
+    """:func:`verl_bridge.compat.make_cpu_safe` plus, before 0.16, the RoPE ``forward`` fix."""
+    from verl_bridge.compat import make_cpu_safe as base
+
+    model = base(model)
+    if torch.cuda.is_available() or mcore_version() >= ROPE_GET_EMB_SINCE:
+        return model
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    for module in model.modules():
+        cls = type(module)
+        if isinstance(module, RotaryEmbedding) and cls not in _ROPE_PRE_016.values():
+            if cls not in _ROPE_PRE_016:
+                # the name keeps compat's "CpuSafe" prefix so compat.make_cpu_safe leaves it alone
+                _ROPE_PRE_016[cls] = type(f"{cls.__name__}_mcore_pre_0_16", (cls,),
+                                          {"forward": _rope_forward_without_cuda_move})
+            module.__class__ = _ROPE_PRE_016[cls]
+    return model
+
+
+def provider_accepts(fn, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
