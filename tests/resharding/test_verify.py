@@ -9,6 +9,7 @@ from tests.resharding.helpers import ARCHS
 from tests.resharding.workers import CORRUPT_NOISE, CORRUPT_SUBTLE
 from verl_bridge.rollout.verify import (
     SyncVerificationError,
+    checksums_of_fused,
     compare_checksums,
     tensor_checksums,
     verify_sync,
@@ -93,3 +94,15 @@ def test_checksums_catch_scaling_permutation_and_missing_tensors():
     assert compare_checksums(base, tensor_checksums({"w": w * 1.001, "b": torch.ones(3)})) == ["w"]
     assert compare_checksums(base, tensor_checksums({"w": w.flip(0), "b": torch.ones(3)})) == ["w"]
     assert compare_checksums(base, tensor_checksums({"w": w})) == ["b"]
+
+
+def test_fused_receiver_checksums_match_the_separate_tensors():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(rows, 8, generator=g) for rows in (8, 4, 4))
+    sender = tensor_checksums({"q": q, "k": k, "v": v})
+    fused = torch.cat([q, k, v])
+    assert checksums_of_fused(fused, [("q", 8), ("k", 4), ("v", 4)]) == sender
+    fused[9] += 1.0  # a row of k corrupted on the receiver
+    assert compare_checksums(sender, checksums_of_fused(fused, [("q", 8), ("k", 4), ("v", 4)])) == ["k"]
+    with pytest.raises(ValueError):
+        checksums_of_fused(fused, [("q", 8), ("k", 4)])

@@ -48,6 +48,18 @@ def tensor_checksums(named_tensors: NamedTensors) -> dict[str, float]:
     return out
 
 
+def checksums_of_fused(fused: torch.Tensor, parts: Iterable[tuple[str, int]], dim: int = 0) -> dict[str, float]:
+    """Receiver-side fingerprints of HF tensors an engine keeps fused (vLLM's ``qkv_proj`` = [q; k; v],
+    ``gate_up_proj`` = [gate; up]): *parts* are ``(hf_name, size along dim)`` in order. Matches
+    :func:`tensor_checksums` of the separate tensors."""
+    parts = list(parts)
+    sizes = [n for _, n in parts]
+    if sum(sizes) != fused.shape[dim]:
+        raise ValueError(f"parts {parts} do not add up to the fused size {fused.shape[dim]} along dim {dim}")
+    pieces = torch.split(fused, sizes, dim=dim)
+    return tensor_checksums((name, piece.contiguous()) for (name, _), piece in zip(parts, pieces))
+
+
 def compare_checksums(sender: Mapping[str, float], receiver: Mapping[str, float], *,
                       rel_tol: float = 1e-6, abs_tol: float = 1e-6) -> list[str]:
     """Sender names whose receiver fingerprint differs or is missing, in sender order."""
@@ -256,7 +268,7 @@ def verify_native_engine(model, *, threshold: float, vocab_size: Optional[int] =
 
 
 __all__ = [
-    "SyncReport", "SyncVerificationError", "compare_checksums", "hf_log_probs", "megatron_log_probs",
+    "SyncReport", "SyncVerificationError", "checksums_of_fused", "compare_checksums", "hf_log_probs", "megatron_log_probs",
     "native_engine_log_probs", "probe_input_ids", "probe_sync", "tensor_checksums", "verify_native_engine",
     "verify_sync",
 ]
