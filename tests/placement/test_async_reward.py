@@ -1,5 +1,6 @@
-"""4 gloo processes (one spawn, three runs): a reward model and a reward function on their own ranks
-(actor on ranks 0-1 with TP=2, reward on ranks 2-3 with TP=2), then a colocated reward model."""
+"""4 gloo processes (one spawn, four runs): a reward model and a reward function on their own ranks
+(actor on ranks 0-1 with TP=2, reward on ranks 2-3 with TP=2), a colocated reward model, and a
+TP=1 layout where the actor (DP=2) and the reward (DP=2) each have two replicas."""
 
 import json
 import os
@@ -89,19 +90,41 @@ def _colocated_model_run():
             "std": float(scores.std()), "timings": sorted(trainer.placement.timings)}
 
 
-def _three_runs(rank, world_size, out_dir):
+def _actor_dp2_run():
+    import hashlib
+
+    from verl_bridge.config import load_config
+    from verl_bridge.runtime.trainer import MegatronTrainer
+
+    cfg = load_config(QUICKSTART, COMMON + MODEL + [
+        "trainer.args.tp_size=1", "trainer.output_dir=null", "trainer.total_steps=2",
+        "model.reward.placement={ranks: 2, tp_size: 1, micro_batch_size: 4}"], world_size=4)
+    trainer = MegatronTrainer(cfg)
+    history = trainer.train()
+    pl = trainer.placement
+    if pl.is_reward_rank:
+        return {"role": "reward", "served": pl.served, "dp": trainer.layout.dp_size}
+    flat = torch.cat([p.detach().flatten() for p in trainer.roles.actor.parameters()])
+    return {"role": "actor", "dp": trainer.layout.dp_size, "dp_rank": trainer.layout.dp_rank,
+            "weights": hashlib.md5(flat.numpy().tobytes()).hexdigest(), "steps": len(history),
+            "samples": [ids.tolist() for ids, *_ in pl.scored]}
+
+
+def _four_runs(rank, world_size, out_dir):
     out = {"model": _reward_model_run(out_dir)}
     _reset_parallel_state()
     out["function"] = _reward_function_run()
     _reset_parallel_state()
     out["colocated"] = _colocated_model_run()
+    _reset_parallel_state()
+    out["dp2"] = _actor_dp2_run()
     return out
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("placed")
-    return run_distributed(_three_runs, 4, str(out_dir), timeout=280), out_dir
+    return run_distributed(_four_runs, 4, str(out_dir), timeout=280), out_dir
 
 
 def test_reward_model_on_its_own_ranks_overlaps_and_matches_colocated(runs):
@@ -146,3 +169,15 @@ def test_colocated_reward_model_scores_the_whole_batch(runs):
     for r in out:
         assert r["std"] > 0 and abs(r["reward_mean"] - sum(x["local_mean"] for x in out[::2]) / 2) < 1e-6
         assert r["timings"] == ["time_reward_s", "time_reward_wait_s", "time_rollout_s"]
+
+
+def test_actor_dp_group_excludes_the_reward_ranks(runs):
+    out = [r["dp2"] for r in runs[0]]
+    assert [(r["role"], r["dp"]) for r in out] == [("actor", 2), ("actor", 2), ("reward", 2), ("reward", 2)]
+    assert [out[0]["dp_rank"], out[1]["dp_rank"]] == [0, 1]
+    assert out[0]["samples"] != out[1]["samples"]  # each actor DP replica rolls out its own prompts
+    # gradients all-reduced over the actor's DP group only: both replicas end with identical weights
+    assert out[0]["steps"] == out[1]["steps"] == 2
+    assert out[0]["weights"] == out[1]["weights"]
+    # actor replica d sends to reward replica d: 8 samples each in micro-batches of 4, 2 steps
+    assert out[2]["served"] == out[3]["served"] == 2 * 2
