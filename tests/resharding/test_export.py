@@ -1,8 +1,12 @@
 """WeightExporter over gloo: TP=1, TP=2, PP=2 and TP=2 x PP=2 sources stream exactly the HF tensors,
 in buckets that respect the cap, with a measured peak memory bounded by the bucket."""
 
+import pytest
+
 from tests.resharding.helpers import ARCHS
 from tests.resharding.workers import LAYOUTS, SMALL_BUCKET
+
+pytestmark = pytest.mark.slow  # they share one 4-process gloo run (about 1.5-2.5 min on 2 cores)
 
 
 def test_stream_equals_hf_state_dict_for_every_layout(layout_results):

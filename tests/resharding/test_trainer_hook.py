@@ -1,5 +1,7 @@
 """The trainer runs the native engine's sync check after every weight sync (and not when disabled)."""
 
+import pytest
+
 from tests.dist_utils import run_distributed
 
 
@@ -27,6 +29,7 @@ def _run(rank, world_size, out):
     return reports
 
 
+@pytest.mark.slow  # two short training runs in a spawned process
 def test_trainer_verifies_every_sync(tmp_path):
     reports = run_distributed(_run, 1, str(tmp_path))[0]
     assert len(reports["true"]) == 2  # one check per step

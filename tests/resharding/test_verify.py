@@ -23,12 +23,14 @@ def _verify_results(layout_results):
                 yield f"rank {rank} TP={tp} {arch}", out[("verify", tp, arch)]
 
 
+@pytest.mark.slow  # the shared 4-process run
 def test_stream_loads_completely_into_transformers(layout_results):
     for where, r in _verify_results(layout_results):
         assert r["unexpected"] == [], where
         assert r["unfilled"] == [], f"{where}: parameters the stream never filled: {r['unfilled']}"
 
 
+@pytest.mark.slow  # the shared 4-process run
 def test_intact_stream_passes_the_probe(layout_results):
     for where, r in _verify_results(layout_results):
         report, err = r["intact"]
@@ -37,6 +39,7 @@ def test_intact_stream_passes_the_probe(layout_results):
         assert report.tokens == 30 and report.max_abs_diff <= 1e-4, (where, report)
 
 
+@pytest.mark.slow  # the shared 4-process run
 def test_noised_tensor_is_caught_and_named(layout_results):
     for where, r in _verify_results(layout_results):
         report, err = r["noise"]
@@ -52,6 +55,7 @@ def test_noised_tensor_is_caught_and_named(layout_results):
         assert "No per-parameter checksums" in err2 and CORRUPT_NOISE not in err2, (where, err2)
 
 
+@pytest.mark.slow  # the shared 4-process run
 def test_subtle_corruption_is_named_by_checksums(layout_results):
     for where, r in _verify_results(layout_results):
         report, err = r["subtle"]
@@ -60,6 +64,7 @@ def test_subtle_corruption_is_named_by_checksums(layout_results):
         assert CORRUPT_SUBTLE in err and "probe passed" in err, (where, err)
 
 
+@pytest.mark.slow  # the shared 4-process run
 def test_native_engine_kv_path_matches_the_trainer_forward(layout_results):
     for where, r in _verify_results(layout_results):
         report = r["native"]
