@@ -5,6 +5,8 @@ import random
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from tests.dist_utils import run_distributed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,9 +122,25 @@ def _eval_dp2(rank, world_size):
     return evaluate(trainer, 1), len(seen), len(index)
 
 
-def test_eval_is_exact_mean_over_dp_ranks():
-    results = run_distributed(_eval_dp2, 2)
-    (m0, n0, _), (m1, n1, _) = results
+def _two_rank_runs(rank, world_size):
+    from megatron.core import parallel_state as mpu
+
+    from verl_bridge.parallel import set_data_parallel_group
+
+    out = {"dp2": _eval_dp2(rank, world_size)}
+    mpu.destroy_model_parallel()
+    set_data_parallel_group(None, None)
+    out["placed"] = _eval_with_reward_group(rank, world_size)
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs():
+    return run_distributed(_two_rank_runs, 2)
+
+
+def test_eval_is_exact_mean_over_dp_ranks(two_rank_runs):
+    (m0, n0, _), (m1, n1, _) = (r["dp2"] for r in two_rank_runs)
     assert (n0, n1) == (3, 3)  # 6 prompts split across 2 DP ranks
     assert m0["eval/reward_mean"] == m1["eval/reward_mean"] == 1 / 6
     assert m0["eval/accuracy"] == 1 / 6
@@ -139,3 +157,32 @@ def test_eval_files_give_the_first_eval_samples_rows():
     assert [p for p, _ in samples] == [r["question"] for r in lines[:4]]
     assert samples[3][1].extra["index"] == 3
     assert [_my_chunk(list(range(7)), 3, r) for r in range(3)] == [[0, 1, 2], [3, 4], [5, 6]]
+
+
+def _eval_with_reward_group(rank, world_size):
+    from verl_bridge.config import load_config
+    from verl_bridge.runtime.evaluation import evaluate
+    from verl_bridge.runtime.trainer import MegatronTrainer
+
+    cfg = load_config(REPO / "templates" / "grpo.yaml", _overrides(
+        "null", "trainer.total_steps=1", "trainer.eval_every=1", "model.reward.type=function",
+        "model.reward.placement={ranks: 1, tp_size: 1}"),
+        world_size=world_size)
+    trainer = MegatronTrainer(cfg)
+    history = trainer.train()
+    if trainer.placement.is_reward_rank:
+        return {"role": "reward", "served": trainer.placement.served}
+    # the same evaluation scored here with the task's function: the model has not changed since step 1
+    trainer.placement = None
+    return {"role": "actor", "history": history, "local": evaluate(trainer, 1)}
+
+
+def test_eval_scores_through_a_reward_group_on_its_own_ranks(two_rank_runs):
+    actor, reward = (r["placed"] for r in two_rank_runs)
+    assert (actor["role"], reward["role"]) == ("actor", "reward")
+    # the reward rank scored the training batch and the evaluations of steps 0 and 1
+    assert reward["served"] == 3  # one training micro-batch of 16 samples + two evaluations of 8
+    steps = {h["step"]: h for h in actor["history"]}
+    assert set(steps) == {0, 1}
+    for k in ("eval/reward_mean", "eval/accuracy", "eval/response_length"):
+        assert steps[1][k] == actor["local"][k], k
