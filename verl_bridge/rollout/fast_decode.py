@@ -131,6 +131,11 @@ class FastDecoder:
         self.rope = getattr(self.model, "position_embedding_type", "rope") == "rope"
         self.use_cuda_graphs = use_cuda_graphs
         self._graphs: dict = {}
+        if self.rope:  # megatron keeps inv_freq as a plain attribute: it stays on CPU after .to("cuda")
+            dev = self._output_weight().device
+            self.inv_freq = self.model.rotary_pos_emb.inv_freq.float().to(dev)
+            half = self.inv_freq.numel()
+            self.rot_sign = torch.cat([-torch.ones(half, device=dev), torch.ones(half, device=dev)])
 
     # ------------------------------------------------------------------ weights (views, no copies)
     def _layers(self) -> list[_Layer]:
@@ -163,7 +168,7 @@ class FastDecoder:
         return x
 
     def _cos_sin(self, rope_pos, dtype):
-        freqs = rope_pos.float()[..., None] * self.model.rotary_pos_emb.inv_freq.float()
+        freqs = rope_pos.float()[..., None] * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -235,16 +240,21 @@ class FastDecoder:
         x = self._embed(tok[:, None], abs_pos[:, None])
         cos = sin = None
         if self.rope:
+            # rotate_half(t) * sin == roll(t, hd/2) * (sign * sin): one roll instead of chunk/neg/cat
             cos, sin = self._cos_sin(write_idx.expand(B), x.dtype)  # [B, hd]
+            sin = sin * self.rot_sign.to(sin.dtype)
             cos, sin = cos[:, None, None, :], sin[:, None, None, :]
-        mask = key_valid[:, None, None, :]  # [B, 1, 1, L], True = attend
+        # additive mask built once per step in the activation dtype (no per-layer bool conversion)
+        mask = torch.zeros(key_valid.shape, dtype=x.dtype, device=x.device).masked_fill(
+            ~key_valid, float("-inf"))[:, None, None, :]  # [B, 1, 1, L]
         idx = write_idx.view(1)
+        half = hd // 2
         for i, L in enumerate(self._layers()):
             h = _norm(x, L.ln1_w, L.ln1_b, self.kind, self.eps)
             qkv = F.linear(h, L.qkv_w, L.qkv_b).view(B, G, r + 2, hd)
             qk = qkv[:, :, : r + 1]
             if cos is not None:
-                qk = qk * cos + _rotate_half(qk) * sin
+                qk = torch.addcmul(qk * cos, torch.roll(qk, half, dims=-1), sin)
             cache_k[i].index_copy_(2, idx, qk[:, :, r:])
             cache_v[i].index_copy_(2, idx, qkv[:, :, r + 1:])
             o = F.scaled_dot_product_attention(qk[:, :, :r], cache_k[i], cache_v[i], attn_mask=mask, scale=self.scale)
@@ -299,8 +309,10 @@ class FastEngine:
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, use_cuda_graphs: Optional[bool] = None,
-                 pad_to: int = 16):
+                 pad_to: int = 16, compile: bool = False):
         self.decoder = FastDecoder(model)
+        # compile=True: inductor fuses the step's element-wise work before the graph is captured
+        self._decode = torch.compile(self.decoder.forward_decode, dynamic=False) if compile else self.decoder.forward_decode
         self.device = device
         self.graphs = device.type == "cuda" if use_cuda_graphs is None else use_cuda_graphs
         self.pad_to = pad_to
@@ -311,9 +323,8 @@ class FastEngine:
         return None
 
     def _step(self, st: _State, params: SamplingParams, gen):
-        dec = self.decoder
         st.key_valid.index_fill_(1, st.write_idx.view(1), True)
-        logits = dec.forward_decode(st.tok, st.abs_pos, st.write_idx, st.key_valid, st.cache_k, st.cache_v)
+        logits = self._decode(st.tok, st.abs_pos, st.write_idx, st.key_valid, st.cache_k, st.cache_v)
         self._emit(st, logits, params, gen)
 
     def _emit(self, st: _State, logits, params: SamplingParams, gen):

@@ -1,0 +1,80 @@
+"""Render the README's "Performance" table and plot from ``benchmarks/results/*-cuda.json``.
+
+    python benchmarks/report.py            # prints the Markdown table, writes results/performance.png
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+GOALS = {"rollout": 2.0, "weight_export": 0.25, "rl_step": 3.0}
+
+
+def _load(device: str) -> dict[str, dict]:
+    out = {}
+    for name in GOALS:
+        p = RESULTS / f"{name}-{device}.json"
+        if p.is_file():
+            out[name] = json.loads(p.read_text())
+    return out
+
+
+def rows(device: str = "cuda") -> list[tuple[str, str, str, str, str]]:
+    data = _load(device)
+    table = []
+    if "rollout" in data:
+        d = data["rollout"]
+        base = d["baseline"]
+        table.append(("rollout (tokens/s)", f"{d['results']['native_tokens_per_s']:,.0f}",
+                      f"HF generate dynamic {base.get('hf_dynamic_tokens_per_s', 0):,.0f} / static "
+                      f"{base.get('hf_static_tokens_per_s', 0):,.0f}", f"{d['ratio']:.2f}x", f">= {GOALS['rollout']}x"))
+    if "weight_export" in data:
+        d = data["weight_export"]
+        table.append(("weight_export (GB/s)", f"{d['results']['export_GBps']:,.0f}",
+                      f"device copy {d['baseline']['copy_GBps']:,.0f}", f"{d['ratio']:.1%}", f">= {GOALS['weight_export']:.0%}"))
+    if "rl_step" in data:
+        d = data["rl_step"]
+        r, b = d["results"], d["baseline"]
+        ours = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "error"
+        theirs = f"TRL GRPOTrainer {b['tokens_per_s']:,.0f}" if "tokens_per_s" in b else "TRL: error"
+        ratio = f"{d['ratio']:.2f}x" if d.get("ratio") else "n/a"
+        table.append(("rl_step (tokens/s)", ours, theirs, ratio, f">= {GOALS['rl_step']}x"))
+    return table
+
+
+def markdown(device: str = "cuda") -> str:
+    lines = ["| benchmark | verl-bridge | comparison (same run) | ratio | goal |", "|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows(device)]
+    return "\n".join(lines)
+
+
+def plot(device: str = "cuda") -> Path | None:
+    data = _load(device)
+    if not data:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in GOALS if n in data and data[n].get("ratio")]
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.bar(names, [data[n]["ratio"] for n in names], color="#4c72b0", label="measured ratio")
+    ax.scatter(names, [GOALS[n] for n in names], color="#dd8452", marker="_", s=900, linewidths=3, label="goal", zorder=3)
+    ax.set_yscale("log")
+    ax.set_ylabel("ours / comparison")
+    ax.set_title(f"verl-bridge vs comparison, same run ({device})")
+    ax.legend()
+    fig.tight_layout()
+    out = RESULTS / "performance.png"
+    fig.savefig(out, dpi=120)
+    return out
+
+
+if __name__ == "__main__":
+    dev = sys.argv[1] if len(sys.argv) > 1 else "cuda"
+    print(markdown(dev))
+    print(plot(dev))
