@@ -13,6 +13,8 @@ Two real halves in separate process worlds (vLLM and megatron keep separate para
    ``gate_up_proj`` = [gate; up], vocabulary padded to vLLM's multiple of 64). Also at vLLM TP=2
    (two processes, ``initialize_model_parallel(2, 1)``), and through the in-process
    weight-transfer backend the adapter registers for vLLM >= 0.22 (start / update / finish).
+   One spawn of 2 processes does it all: the TP=1 jobs are split between its ranks (vLLM groups
+   of one), then vLLM's groups are rebuilt at TP=2 over both.
 """
 
 from __future__ import annotations
@@ -79,18 +81,19 @@ def _param_on_meta(model) -> list[str]:
     return [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
 
 
-def _vllm_tp1_worker(rank, world_size, dirs, out_dir):
+def _vllm_tp1_part(rank, world_size, dirs, out_dir):
+    """vLLM TP=1 checks; the two ranks of the vLLM world each take half of the jobs."""
     from vllm.config import set_current_vllm_config
 
     from verl_bridge.arch.hf import SafetensorsDir, load_hf_config
     from verl_bridge.rollout import vllm_cpu as V
 
-    results = {}
-    for arch in ARCHS:
+    results = {}  # build_cpu_model sets vLLM's groups up at TP=1 (collective: both ranks build first)
+    for a, arch in enumerate(ARCHS):
         hf_cfg = load_hf_config(dirs[arch])
         ref = SafetensorsDir(dirs[arch])
         expected = V.expected_shards(ref, hf_cfg)
-        for tp, pp in LAYOUTS:
+        for tp, pp in LAYOUTS[rank::world_size]:
             buckets = torch.load(_stream_file(out_dir, arch, tp, pp))
             model = V.build_cpu_model(dirs[arch])
             loaded: set[str] = set()
@@ -101,6 +104,8 @@ def _vllm_tp1_worker(rank, world_size, dirs, out_dir):
                 missing=V.missing_params(model, loaded), mismatched=V.compare_to_expected(model, expected),
                 missing_sources=V.missing_sources((n for b in buckets for n, _ in b), ref.keys()),
                 buckets=len(buckets))
+        if a % world_size != rank:
+            continue
         # the adapter's native transfer-API path: start / update per bucket / finish
         buckets = torch.load(_stream_file(out_dir, arch, 2, 2))
         model = V.build_cpu_model(dirs[arch])
@@ -116,6 +121,8 @@ def _vllm_tp1_worker(rank, world_size, dirs, out_dir):
             missing=V.missing_params(model, engine.loaded_names),
             mismatched=V.compare_to_expected(model, expected), on_meta=_param_on_meta(model),
             engine=type(engine).__name__)
+    if rank != world_size - 1:
+        return results
     # negative controls: the checks see a corrupted and an incomplete stream
     stream = [item for b in torch.load(_stream_file(out_dir, "llama", 2, 2)) for item in b]
     corrupt = [(n, t.clone()) for n, t in stream]
@@ -136,13 +143,13 @@ def _vllm_tp1_worker(rank, world_size, dirs, out_dir):
     return results
 
 
-def _vllm_tp2_worker(rank, world_size, dirs, out_dir):
+def _vllm_tp2_part(rank, world_size, dirs, out_dir):
     from vllm.distributed import parallel_state as vps
 
     from verl_bridge.arch.hf import SafetensorsDir, load_hf_config
     from verl_bridge.rollout import vllm_cpu as V
 
-    results = {}
+    results = {}  # the first build_cpu_model(tp_size=2) rebuilds vLLM's groups at TP=2 over both ranks
     for arch in ARCHS:
         buckets = torch.load(_stream_file(out_dir, arch, 2, 2))
         model = V.build_cpu_model(dirs[arch], tp_size=2)
@@ -173,16 +180,31 @@ def streams(tmp_path_factory):
     return dirs, out, stats
 
 
-@pytest.fixture(scope="module")
-def tp1(streams):
-    dirs, out, _ = streams
-    return run_distributed(_vllm_tp1_worker, 1, dirs, out)[0]
+def _vllm_worker(rank, world_size, dirs, out_dir):
+    """One vLLM world of two processes: TP=1 checks split between the ranks, then TP=2."""
+    from verl_bridge.rollout.vllm_cpu import use_cpu_platform
+
+    use_cpu_platform()
+    return _vllm_tp1_part(rank, world_size, dirs, out_dir), _vllm_tp2_part(rank, world_size, dirs, out_dir)
 
 
 @pytest.fixture(scope="module")
-def tp2(streams):
+def vllm_results(streams):
     dirs, out, _ = streams
-    return run_distributed(_vllm_tp2_worker, 2, dirs, out)
+    return run_distributed(_vllm_worker, 2, dirs, out)
+
+
+@pytest.fixture(scope="module")
+def tp1(vllm_results):
+    merged = {}
+    for part, _ in vllm_results:
+        merged.update(part)
+    return merged
+
+
+@pytest.fixture(scope="module")
+def tp2(vllm_results):
+    return [part for _, part in vllm_results]
 
 
 @pytest.mark.parametrize("tp,pp", LAYOUTS, ids=[f"tp{t}pp{p}" for t, p in LAYOUTS])

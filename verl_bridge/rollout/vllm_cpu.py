@@ -60,7 +60,14 @@ def cpu_vllm_config(hf_dir, *, tp_size: int = 1, dtype: str = "float32"):
 
 
 def init_cpu_parallel(tp_size: int = 1) -> None:
-    """vLLM's distributed state over gloo: reuses torch.distributed if it is initialised."""
+    """vLLM's distributed state over gloo: reuses torch.distributed if it is initialised.
+
+    Call it inside ``set_current_vllm_config`` (:func:`build_cpu_model` does); every rank of the
+    world must call it together (vLLM creates its groups collectively).
+
+    Called again with another TP size, it rebuilds vLLM's model-parallel groups (same world);
+    models built under the previous size must not be used afterwards.
+    """
     import torch.distributed as dist
     from vllm.distributed import parallel_state as vps
 
@@ -76,9 +83,9 @@ def init_cpu_parallel(tp_size: int = 1) -> None:
     if world % tp_size:
         raise ValueError(f"vLLM tp_size={tp_size} does not divide the world size {world}")
     if vps.model_parallel_is_initialized():
-        if vps.get_tensor_model_parallel_world_size() != tp_size:
-            raise RuntimeError("vLLM model parallel state is already initialised with another TP size")
-        return
+        if vps.get_tensor_model_parallel_world_size() == tp_size:
+            return
+        vps.destroy_model_parallel()  # another TP size: rebuild vLLM's groups over the same world
     vps.init_distributed_environment(world_size=world, rank=rank, distributed_init_method=method,
                                       local_rank=local_rank, backend="gloo")
     vps.initialize_model_parallel(tp_size, 1)
