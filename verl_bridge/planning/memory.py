@@ -42,7 +42,19 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def fmt_gib(n: float) -> str:
-    return f"{n / GiB:.2f} GiB"
+    """GiB with two decimals; MiB or KiB for what would print as 0.00 GiB (tiny models)."""
+    if n >= 0.01 * GiB or n == 0:
+        return f"{n / GiB:.2f} GiB"
+    if n >= 0.01 * 1024 ** 2:
+        return f"{n / 1024 ** 2:.2f} MiB"
+    return f"{n / 1024:.2f} KiB"
+
+
+def fmt_count(n: int) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.3f} {unit}"
+    return str(n)
 
 
 @dataclass
@@ -273,8 +285,9 @@ def _remedies(cfg, plan: MemoryPlan, shape: ModelShape, ref_offload: bool) -> li
             else:
                 hi = mid - 1
         if lo < seq:
-            out.append(f"sequence length: max_prompt_length + max_response_length <= {lo} fits (now {seq}); "
-                       f"lower data.max_prompt_length / max_response_length (max_position_embeddings {lo})")
+            out.append(f"sequence length: max_prompt_length + max_response_length <= {lo} fits at this batch "
+                       f"(now {seq}); lower data.max_prompt_length / data.max_response_length (a shorter "
+                       f"max_position_embeddings)")
     # 3. sequence parallelism
     if lay.tp > 1 and not lay.sp:
         with_sp = _estimate(cfg, shape, lay, plan.seq, d.rollout_batch_size * a.group_size // lay.dp, True,
@@ -303,7 +316,7 @@ def memory_table(plan: MemoryPlan) -> list[str]:
     lines = [f"model shape     {plan.shape.name}: {plan.shape.num_layers} layers, hidden {plan.shape.hidden_size}, "
              f"{plan.shape.num_attention_heads} heads ({plan.shape.num_query_groups} kv), ffn "
              f"{plan.shape.ffn_hidden_size}, vocab {plan.shape.vocab_size}, max pos "
-             f"{plan.shape.max_position_embeddings}; {total_params(plan.shape) / 1e9:.3f} B params "
+             f"{plan.shape.max_position_embeddings}; {fmt_count(total_params(plan.shape))} params "
              f"(from {plan.shape_source})",
              f"memory/rank     TP={lay.tp} PP={lay.pp} DP={lay.dp} SP={lay.sp} distributed optimizer="
              f"{lay.distributed_optimizer}; sequence {plan.seq}, {plan.micro_batches} micro-batch(es) per step"]

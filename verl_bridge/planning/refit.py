@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from verl_bridge.planning.memory import DTYPE_BYTES
+from verl_bridge.planning.memory import DTYPE_BYTES, fmt_gib
 from verl_bridge.planning.shapes import ModelShape, stream_entries
 
 MiB = 1024 ** 2
@@ -97,21 +97,21 @@ def plan_refit(shape: ModelShape, precision: str, bucket_mb: float, bandwidth_gb
     return RefitPlan(
         bytes_per_sync=total, tensors=sum(len(pieces) for _, _, pieces in entries), bucket_bytes=bucket,
         buckets=count_buckets(entries, bucket), largest_tensor=largest_name, largest_tensor_bytes=largest,
-        peak_extra_bytes=max(bucket, largest) + largest,
+        peak_extra_bytes=max(min(bucket, total), largest) + largest,  # a bucket never holds more than the model
         bandwidth_bytes_per_s=bw, bandwidth_source=source, seconds=(total / bw) if bw else None,
     )
 
 
 def refit_lines(plan: RefitPlan, precision: str) -> list[str]:
-    g = 1024 ** 3
     lines = [
-        f"refit           {plan.bytes_per_sync / g:.2f} GiB per sync ({plan.tensors} HF tensors in {precision}); "
+        f"refit           {fmt_gib(plan.bytes_per_sync)} per sync ({plan.tensors} HF tensors in {precision}); "
         f"{plan.buckets} bucket(s) of {plan.bucket_bytes / MiB:g} MiB (rollout.bucket_mb)",
-        f"                peak extra memory/rank {plan.peak_extra_bytes / g:.2f} GiB = max(bucket, F) + F, F the "
-        f"largest gathered tensor ({plan.largest_tensor}, {plan.largest_tensor_bytes / g:.2f} GiB)",
+        f"                peak extra memory/rank {fmt_gib(plan.peak_extra_bytes)} = max(bucket, F) + F, F the "
+        f"largest gathered tensor ({plan.largest_tensor}, {fmt_gib(plan.largest_tensor_bytes)})",
     ]
     if plan.seconds is not None:
-        lines.append(f"                estimated sync time {plan.seconds:.3f} s at {plan.bandwidth_bytes_per_s / 1e9:.1f} "
+        t = f"{plan.seconds:.3f} s" if plan.seconds >= 0.1 else f"{plan.seconds * 1e3:.3f} ms"
+        lines.append(f"                estimated sync time {t} at {plan.bandwidth_bytes_per_s / 1e9:.1f} "
                      f"GB/s ({plan.bandwidth_source})")
     else:
         lines.append(f"                sync time: bandwidth {plan.bandwidth_source}")
