@@ -111,3 +111,13 @@ def test_fused_receiver_checksums_match_the_separate_tensors():
     assert compare_checksums(sender, checksums_of_fused(fused, [("q", 8), ("k", 4), ("v", 4)])) == ["k"]
     with pytest.raises(ValueError):
         checksums_of_fused(fused, [("q", 8), ("k", 4)])
+
+
+def test_checksums_are_computed_in_bounded_chunks(monkeypatch):
+    import verl_bridge.rollout.verify as verify
+
+    x = torch.randn(10_001, generator=torch.Generator().manual_seed(2))
+    whole = tensor_checksums({"x": x})
+    monkeypatch.setattr(verify, "_CHUNK", 1000)  # 11 chunks, the last one partial
+    assert compare_checksums(whole, tensor_checksums({"x": x})) == []
+    assert compare_checksums(whole, tensor_checksums({"x": x.roll(1)})) == ["x"]

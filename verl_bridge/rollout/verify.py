@@ -26,6 +26,7 @@ import torch
 
 NamedTensors = Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]
 
+_CHUNK = 1 << 22  # elements per step (32 MiB of float64)
 _WEIGHT_PERIOD = 7919  # prime: position weights 1/P .. 1, so permuted or shifted elements change the sum
 
 
@@ -42,9 +43,16 @@ def tensor_checksums(named_tensors: NamedTensors) -> dict[str, float]:
     """
     out = {}
     for name, t in _items(named_tensors):
-        x = t.detach().reshape(-1).double()
-        w = (torch.arange(x.numel(), dtype=torch.float64, device=x.device) % _WEIGHT_PERIOD + 1) / _WEIGHT_PERIOD
-        out[name] = float(x.sum()) + math.pi * float((x * w).sum())
+        flat = t.detach().reshape(-1)
+        plain = weighted = None
+        # in chunks: the float64 temporaries stay small however big the tensor (export memory bound)
+        for start in range(0, flat.numel(), _CHUNK):
+            x = flat[start:start + _CHUNK].double()
+            w = torch.arange(start, start + x.numel(), dtype=torch.int64, device=x.device)
+            w = (w % _WEIGHT_PERIOD + 1).double().div_(_WEIGHT_PERIOD)
+            s, ws = x.sum(), w.mul_(x).sum()
+            plain, weighted = (s, ws) if plain is None else (plain + s, weighted + ws)
+        out[name] = 0.0 if plain is None else float(plain) + math.pi * float(weighted)
     return out
 
 
