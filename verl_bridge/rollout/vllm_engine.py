@@ -410,10 +410,19 @@ def hf_dir_for_actor(cfg) -> str:
     return str(path)
 
 
-def build_vllm_engine(cfg, actor, layout, vocab_size: int) -> VllmEngine:
-    """What ``MegatronTrainer.setup`` calls for ``rollout.engine: vllm``."""
+def build_vllm_engine(cfg, actor, layout, vocab_size: Optional[int] = None) -> VllmEngine:
+    """What ``MegatronTrainer.setup`` calls for ``rollout.engine: vllm`` (GPU only).
+
+    Raises :class:`VllmUnavailableError` (one readable paragraph) without vLLM, without CUDA, or
+    without an HF directory for the actor. ``vocab_size`` defaults to the HF config's.
+    """
     require_vllm()
-    return VllmEngine(actor, hf_dir=hf_dir_for_actor(cfg), rollout_cfg=cfg.rollout, train_tp=layout.tp_size,
+    hf_dir = hf_dir_for_actor(cfg)
+    if vocab_size is None:
+        from verl_bridge.arch.hf import load_hf_config
+
+        vocab_size = int(load_hf_config(hf_dir).vocab_size)
+    return VllmEngine(actor, hf_dir=hf_dir, rollout_cfg=cfg.rollout, train_tp=layout.tp_size,
                       seed=cfg.trainer.seed, vocab_size=vocab_size,
                       max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length)
 

@@ -127,9 +127,14 @@ class MegatronTrainer:
                  f"reference={'yes' if self.roles.reference is not None else 'no'} rollout={cfg.rollout.engine}")
         from verl_bridge.rollout.native import NativeEngine
 
-        if cfg.rollout.engine != "native":
+        if cfg.rollout.engine == "vllm":  # GPU only: a readable error without vLLM or CUDA
+            from verl_bridge.rollout.vllm_engine import build_vllm_engine
+
+            self.engine = build_vllm_engine(cfg, self.roles.actor, self.layout)
+        elif cfg.rollout.engine != "native":
             raise RuntimeError(f"rollout.engine={cfg.rollout.engine!r} is not available in this build; use native")
-        self.engine = NativeEngine(self.roles.actor, self.device)
+        else:
+            self.engine = NativeEngine(self.roles.actor, self.device)
 
     # ------------------------------------------------------------------ helpers
     def _forward(self, model, batches: list[Experience], loss_fn, forward_only: bool) -> list[dict]:
