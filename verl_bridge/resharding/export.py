@@ -332,7 +332,8 @@ class WeightExporter:
                     bucket, held = [], 0
                 bucket.append(item)
                 held += size
-            del outs, item
+            item = None
+            del outs
         if bucket:
             yield from emit(bucket)
         del bucket
