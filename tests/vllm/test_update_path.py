@@ -105,3 +105,16 @@ def test_hf_dir_for_actor_requires_a_config_json(tmp_path):
         ve.hf_dir_for_actor(cfg)
     (tmp_path / "config.json").write_text("{}")
     assert ve.hf_dir_for_actor(cfg) == str(tmp_path)
+
+
+def test_trainer_entry_point_refuses_clearly_here():
+    """``build_vllm_engine`` (what MegatronTrainer.setup calls) on a machine without vLLM or CUDA."""
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this check is about machines without a GPU")
+    cfg = NS(model=NS(actor=NS(args=NS(model_name_or_path=None))))
+    with pytest.raises(ve.VllmUnavailableError, match=r"rollout\.engine: native|rollout\.engine='vllm' needs vLLM"):
+        ve.build_vllm_engine(cfg, actor=None, layout=NS(tp_size=1))

@@ -363,7 +363,7 @@ class VllmEngine:
             for i, p in enumerate(ps):
                 requests.append(TokensPrompt(prompt_token_ids=list(p)))
                 sps.append(VSP(max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
-                               top_k=params.top_k if params.top_k > 0 else -1, seed=s * 100003 + i,
+                               top_k=max(params.top_k, 0), seed=s * 100003 + i,
                                stop_token_ids=[params.eos_token_id] if params.eos_token_id is not None else None,
                                ignore_eos=params.eos_token_id is None, detokenize=False))
         outs = self.llm.generate(requests, sps, use_tqdm=False)[mine: mine + len(prompts)]
