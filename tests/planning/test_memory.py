@@ -25,7 +25,8 @@ TOTAL = V * H + (POS + 2) * H + L * LAYER_FULL + 2 * H
 # TP=2: linear weights and column-parallel biases (qkv, fc1) halve; o_proj/fc2 biases, LayerNorms and the
 # position table are replicated; the vocabulary is padded to a multiple of 128 * 2 = 256 -> 50432 rows.
 V_PAD = 50432
-LAYER_TP2 = (H * 3 * H // 2 + 3 * H // 2) + (H * H // 2 + H) + (H * FFN // 2 + FFN // 2) + (FFN * H // 2 + H) + 2 * 2 * H
+LAYER_TP2 = ((H * 3 * H // 2 + 3 * H // 2) + (H * H // 2 + H) + (H * FFN // 2 + FFN // 2) + (FFN * H // 2 + H)
+             + 2 * 2 * H)
 STAGE0 = V_PAD // 2 * H + POS * H + 12 * LAYER_TP2  # embeddings + 12 layers
 STAGE1 = 12 * LAYER_TP2 + 2 * H + V_PAD // 2 * H  # 12 layers + final LayerNorm + tied output copy (PP > 1)
 SEQ = 256 + 256

@@ -45,14 +45,16 @@ def test_flexible_takes_last_number_and_extraction():
 def test_builtin_names_resolve_and_validate():
     strict, flexible = load_reward_fn("gsm8k"), load_reward_fn("gsm8k_flexible")
     assert strict("so 72", "#### 72") == 0.0 and flexible("so 72", "#### 72") == 1.0
-    assert load_config(None, ["model.actor.args.preset=tiny", "model.reward.type=function", "model.reward.args.path=gsm8k"])
+    fn = ["model.actor.args.preset=tiny", "model.reward.type=function"]
+    assert load_config(None, fn + ["model.reward.args.path=gsm8k"])
     with pytest.raises(ConfigError, match=r"model.reward.args.path='gsm8k_typo': expected 'module:function'"):
-        load_config(None, ["model.actor.args.preset=tiny", "model.reward.type=function", "model.reward.args.path=gsm8k_typo"])
+        load_config(None, fn + ["model.reward.args.path=gsm8k_typo"])
 
 
 def _cfg():
     return load_config(None, [f"data.train_files={SAMPLE}", "data.prompt_key=question", "data.answer_key=answer",
-                              "model.actor.args.preset=tiny", "model.reward.type=function", "model.reward.args.path=gsm8k",
+                              "model.actor.args.preset=tiny", "model.reward.type=function",
+                              "model.reward.args.path=gsm8k",
                               "data.rollout_batch_size=4", "algorithm.micro_batch_size=4"])
 
 

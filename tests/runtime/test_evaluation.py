@@ -105,7 +105,8 @@ def _eval_dp2(rank, world_size):
     from verl_bridge.runtime.evaluation import eval_samples, evaluate
     from verl_bridge.runtime.trainer import MegatronTrainer
 
-    cfg = load_config(REPO / "templates" / "grpo.yaml", _overrides("null", "data.eval_samples=6", "algorithm.micro_batch_size=8"),
+    cfg = load_config(REPO / "templates" / "grpo.yaml",
+                      _overrides("null", "data.eval_samples=6", "algorithm.micro_batch_size=8"),
                       world_size=world_size)
     trainer = MegatronTrainer(cfg)
     trainer.setup()

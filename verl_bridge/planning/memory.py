@@ -31,7 +31,6 @@ the larger of its KV cache and its training activations.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -274,7 +273,8 @@ def _remedies(cfg, plan: MemoryPlan, shape: ModelShape, ref_offload: bool) -> li
         # KV cache is linear in the samples per rank: samples that fit next to each rank's static memory
         fit = min(int((dev - r.static) // (r.kv_cache / now)) for r in plan.ranks if r.kv_cache > 0)
         out.append(f"rollout KV cache: at most {fit} samples per TPxPP group fit (now {now}); use "
-                   f"data.rollout_batch_size <= {fit * lay.dp // a.group_size} (group_size {a.group_size}, DP {lay.dp})")
+                   f"data.rollout_batch_size <= {fit * lay.dp // a.group_size} "
+                   f"(group_size {a.group_size}, DP {lay.dp})")
         # 2. a shorter sequence (max_position_embeddings)
         seq = plan.seq
         lo, hi = 0, seq
@@ -329,6 +329,7 @@ def memory_table(plan: MemoryPlan) -> list[str]:
         lines.append(f"    {'activations':<11} {fmt_gib(r.activations):>10}  (training, in-flight micro-batches)")
         verdict = ""
         if plan.device_bytes is not None:
-            verdict = (f"  of {fmt_gib(plan.device_bytes)}: " + ("fits" if r.peak <= plan.device_bytes else "DOES NOT FIT"))
+            fits = "fits" if r.peak <= plan.device_bytes else "DOES NOT FIT"
+            verdict = f"  of {fmt_gib(plan.device_bytes)}: {fits}"
         lines.append(f"    {'peak':<11} {fmt_gib(r.peak):>10}  (static + max(kv cache, activations)){verdict}")
     return lines
