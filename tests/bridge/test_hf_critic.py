@@ -1,5 +1,5 @@
 """Hugging Face critic (model.critic.type: huggingface) next to a Megatron actor: call contract,
-training, checkpoint resume (legacy + torch_dist), and TP=2 replication."""
+training, checkpoint resume (legacy + torch_dist), and replication over TP=2 (and PP=2 for the norm)."""
 
 import math
 from pathlib import Path
@@ -132,7 +132,16 @@ def _tp2(rank, world_size, models, root):
     opt.zero_grad()
     critic(*model_inputs(ids, attn)).pow(2).mean().backward()
     local = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in critic.parameters() if p.grad is not None))
-    return {"flat": flat, "norm": opt.grad_norm(), "local": local, "critic_loss": metrics["critic_loss"]}
+    out = {"flat": flat, "norm": opt.grad_norm(), "local": local, "critic_loss": metrics["critic_loss"],
+           "opt": type(opt).__name__}
+    # the same replicas on two pipeline stages: megatron's TP rule alone would count them twice
+    from verl_bridge.runtime.optimizer import TorchOptimizer
+
+    mpu.destroy_model_parallel()
+    mpu.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=2)
+    out["pp_norm"] = opt.grad_norm()
+    out["pp_tp_rule_norm"] = TorchOptimizer(critic, 1e-3, 0.0, (0.9, 0.999), 1e-8, 1.0).grad_norm()
+    return out
 
 
 def test_hf_critic_is_replicated_under_tp2(tmp_path, models_dir):
@@ -142,14 +151,6 @@ def test_hf_critic_is_replicated_under_tp2(tmp_path, models_dir):
     assert r0["local"] > 0
     assert r0["norm"] == pytest.approx(r0["local"], rel=1e-9)   # not sqrt(2) x: replicated params count once
     assert r1["norm"] == pytest.approx(r0["norm"], rel=1e-12)
-
-
-def test_pipeline_parallel_hf_critic_is_refused_with_a_reason(models_dir):
-    from types import SimpleNamespace
-
-    from verl_bridge.bridge import BridgeError, MegatronBridge
-
-    bridge = MegatronBridge(config=_cfg("null", models_dir, 1))
-    bridge.layout = SimpleNamespace(pp_size=2, device=torch.device("cpu"))
-    with pytest.raises(BridgeError, match="pp_size=2.*pipeline schedule"):
-        bridge.build_hf_critic()
+    assert r0["opt"] == "ReplicatedOptimizer"
+    assert r0["pp_norm"] == pytest.approx(r0["local"], rel=1e-9)                    # PP=2: still once
+    assert r0["pp_tp_rule_norm"] == pytest.approx(math.sqrt(2) * r0["local"], rel=1e-9)

@@ -234,16 +234,11 @@ class MegatronBridge:
         # model_name_or_path: verl_bridge.arch.hf_model_provider already loaded this rank's HF shard
 
     def build_hf_critic(self) -> torch.nn.Module:
-        """``model.critic.type: huggingface``: a replicated transformers backbone + value head."""
+        """``model.critic.type: huggingface``: a transformers backbone + value head, replicated on every
+        TP/PP rank and run outside megatron's schedules (see :mod:`verl_bridge.runtime.hf_critic`)."""
         from verl_bridge.runtime.hf_critic import build_hf_critic
 
         cfg = self.config
-        if self.layout.pp_size > 1:
-            raise BridgeError(
-                f"model.critic.type=huggingface with trainer.args.pp_size={self.layout.pp_size}: the Hugging Face "
-                "critic is replicated on every rank and cannot run inside megatron's pipeline schedule. Use "
-                "pp_size=1, or model.critic.type=megatron (the actor's provider with a value head, pipelined "
-                "like the actor).")
         path = _local_dir(cfg.model.critic.args.model_name_or_path, cfg.source_dir)
         try:
             return build_hf_critic(path, cfg.trainer.precision, self.layout.device)
@@ -274,7 +269,12 @@ class MegatronBridge:
                 critic = build()
                 critic.load_state_dict(actor.state_dict())
                 critic = to_critic(critic)
-            critic_opt = build_optimizer(critic, cfg.optim.critic)
+            if getattr(critic, "runs_outside_megatron_schedule", False):
+                from verl_bridge.runtime.hf_critic import build_replicated_optimizer
+
+                critic_opt = build_replicated_optimizer(critic, cfg.optim.critic)
+            else:
+                critic_opt = build_optimizer(critic, cfg.optim.critic)
         self.roles = Roles(actor=actor, actor_optimizer=actor_opt, reference=reference, critic=critic,
                            critic_optimizer=critic_opt)
         return self.roles

@@ -14,12 +14,13 @@ passes through unchanged to eager and SDPA attention; ``position_ids`` go throug
 Token ids beyond the HF vocabulary (megatron pads the actor's vocabulary to a multiple of 128 x TP,
 and the actor can sample those rows) are read as token 0.
 
-Parallelism: the critic is replicated. Every TP rank holds the whole model and (since TP ranks
-see the same samples) computes the same gradients; its parameters carry no
-``tensor_model_parallel`` attribute, so :class:`verl_bridge.runtime.optimizer.TorchOptimizer`
-counts them once in the global gradient norm (megatron's rule for TP duplicates), and DP ranks
-average gradients as for the actor. Dropout stays off (``train()`` keeps the backbone in eval
-mode) so TP replicas never diverge.
+Parallelism: the critic is replicated. Every TP and PP rank holds the whole model and (since
+the ranks of one DP replica see the same samples) computes the same gradients; DP ranks average
+gradients as for the actor. The trainer runs it outside megatron's schedules (plain
+forward/backward on every rank, ``runs_outside_megatron_schedule``), and
+:class:`ReplicatedOptimizer` takes the local gradient norm as the global one (no sum over
+model-parallel ranks, which would count each replica again). Dropout stays off (``train()``
+keeps the backbone in eval mode) so replicas never diverge.
 
 Checkpoints: ``state_dict()`` (legacy layout) and ``sharded_state_dict()`` (torch_dist, every
 tensor replicated across TP/DP) make it a drop-in for the trainer's Megatron checkpoint code;
@@ -53,6 +54,9 @@ def additive_mask(mask: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[
 
 class HFCritic(torch.nn.Module):
     """``transformers`` backbone + scalar value head with megatron's ``(ids, positions, mask)`` contract."""
+
+    # the trainer runs it with the plain forward/backward loop, never megatron's (pipeline) schedules
+    runs_outside_megatron_schedule = True
 
     def __init__(self, backbone: torch.nn.Module):
         super().__init__()
@@ -119,3 +123,28 @@ def build_hf_critic(model_name_or_path: str, precision: str = "fp32", device=Non
     if device is not None:
         critic.to(device)
     return critic
+
+
+def _replicated_optimizer_class():
+    from verl_bridge.runtime.optimizer import TorchOptimizer
+
+    class ReplicatedOptimizer(TorchOptimizer):
+        """TorchOptimizer for a module replicated on every model-parallel rank: its local
+        gradient norm (after the DP average) is the global one."""
+
+        def grad_norm(self) -> float:
+            sq = torch.zeros(1, dtype=torch.float64, device=self.params[0].device if self.params else "cpu")
+            for p in self.params:
+                if p.grad is not None:
+                    sq += p.grad.detach().double().pow(2).sum()
+            return float(sq.sqrt().item())
+
+    return ReplicatedOptimizer
+
+
+def build_replicated_optimizer(model: torch.nn.Module, optim_cfg):
+    """The critic's optimizer: :func:`verl_bridge.runtime.optimizer.build_optimizer`'s, replica-aware norm."""
+    return _replicated_optimizer_class()(
+        model, lr=optim_cfg.lr, weight_decay=optim_cfg.weight_decay, betas=optim_cfg.betas,
+        eps=optim_cfg.eps, clip_grad=optim_cfg.clip_grad, warmup_steps=optim_cfg.warmup_steps,
+    )

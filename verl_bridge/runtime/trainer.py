@@ -138,9 +138,11 @@ class MegatronTrainer:
 
     # ------------------------------------------------------------------ helpers
     def _forward(self, model, batches: list[Experience], loss_fn, forward_only: bool) -> list[dict]:
-        from verl_bridge.runtime.schedule import get_forward_backward_func
+        from verl_bridge.runtime.schedule import cpu_forward_backward_no_pipelining, get_forward_backward_func
 
-        fb = get_forward_backward_func(self.layout.pp_size)
+        # a replicated non-megatron module (the HF critic) runs the plain loop on any device and PP size
+        fb = (cpu_forward_backward_no_pipelining if getattr(model, "runs_outside_megatron_schedule", False)
+              else get_forward_backward_func(self.layout.pp_size))
 
         def forward_step(data_iterator, module):
             mb = next(data_iterator)
