@@ -5,9 +5,8 @@
 ``ppo.yaml`` names the script's hooks as strings. The same in Python, with the callables::
 
     import train_megatron as script
-    cfg = load_config("ppo.yaml")
-    bridge = MegatronBridge(script.model_provider, script.initialize_megatron, script.load_checkpoint, config=cfg)
-    MegatronTrainer(cfg, bridge=bridge).train()
+    bridge = MegatronBridge(script.model_provider, script.initialize_megatron, script.load_checkpoint)
+    MegatronTrainer(bridge.load_config("ppo.yaml"), bridge=bridge).train()
 """
 
 import os

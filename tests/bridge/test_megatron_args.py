@@ -139,3 +139,20 @@ def test_namespace_has_the_megatron_lm_names(name):
     from verl_bridge.bridge.megatron_args import args_from_config
 
     assert hasattr(args_from_config(_cfg()), name)
+
+
+def test_python_hooks_are_named_in_the_config_they_load():
+    from verl_bridge.bridge import BridgeError, MegatronBridge
+
+    bridge = MegatronBridge(provider_reading_args, users_initializer)
+    cfg = bridge.load_config("templates/quickstart.yaml", ["model.actor.args.preset=null", "trainer.output_dir=null"])
+    assert bridge.config is cfg
+    assert cfg.model.actor.args.model_provider == "tests.bridge.test_megatron_args:provider_reading_args"
+    assert cfg.model.actor.args.initialize_megatron == "tests.bridge.test_megatron_args:users_initializer"
+    assert cfg.model.actor.args.load_checkpoint is None
+
+    def local_provider(pre_process=True, post_process=True):
+        raise AssertionError("never called")
+
+    with pytest.raises(BridgeError, match="not a module-level function"):
+        MegatronBridge(local_provider).load_config("templates/quickstart.yaml")

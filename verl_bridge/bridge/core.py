@@ -2,13 +2,13 @@
 
 A few lines wrap an existing script::
 
-    from verl_bridge import MegatronBridge, MegatronTrainer, load_config
-    cfg = load_config("ppo.yaml")
+    from verl_bridge import MegatronBridge, MegatronTrainer
     bridge = MegatronBridge(model_provider=model_provider,          # their function, unchanged
                             initialize_megatron=initialize_megatron,  # optional
-                            load_checkpoint=load_checkpoint,          # optional
-                            config=cfg)
-    MegatronTrainer(cfg, bridge=bridge).train()
+                            load_checkpoint=load_checkpoint)          # optional
+    MegatronTrainer(bridge.load_config("ppo.yaml"), bridge=bridge).train()
+
+(``bridge.load_config`` names the functions in the config; ``config=`` takes a loaded one.)
 
 Hooks may also be ``"module:function"`` strings in the config
 (``model.actor.args.model_provider`` / ``initialize_megatron`` / ``load_checkpoint``).
@@ -74,6 +74,30 @@ class MegatronBridge:
         self.layout = None
         self.reused_groups = False
         self._rows: Optional[list[tuple[str, str]]] = None  # data.train_files, read on first use
+
+    def load_config(self, source, overrides: Optional[list[str]] = None, **kwargs) -> Config:
+        """Load and validate *source* for this bridge's Python hooks, and keep it as ``self.config``.
+
+        Each hook given as a module-level function is named in the config
+        (``model.actor.args.model_provider: "module:function"``, ...), so validation sees the model
+        source and a run directory's ``config.yaml`` records where the model came from.
+        """
+        from verl_bridge.config import load_config
+
+        named = []
+        for key, hook in (("model_provider", self._provider), ("initialize_megatron", self._init),
+                          ("load_checkpoint", self._loader)):
+            if hook is None or isinstance(hook, str):
+                continue
+            qual = getattr(hook, "__qualname__", "")
+            module = getattr(hook, "__module__", None)
+            if not module or "<" in qual:
+                raise BridgeError(f"{key}={hook!r} is not a module-level function, so a config cannot name it; "
+                                  "define it at module level, or name a model source in the config and pass "
+                                  "config= to MegatronBridge")
+            named.append(f"model.actor.args.{key}={module}:{qual}")
+        self.config = load_config(source, named + list(overrides or []), **kwargs)
+        return self.config
 
     @classmethod
     def from_config(cls, config: Config) -> "MegatronBridge":
