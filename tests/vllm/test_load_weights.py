@@ -180,12 +180,106 @@ def streams(tmp_path_factory):
     return dirs, out, stats
 
 
+class _CpuWorker:
+    """What ``LLM.collective_rpc`` reaches in a vLLM worker, around a CPU-built model: the model
+    runner's model and the four transfer-API methods, forwarding to vLLM's transfer engine."""
+
+    def __init__(self, model, engine):
+        from types import SimpleNamespace
+
+        self.model_runner = SimpleNamespace(get_model=lambda: model)
+        self.weight_transfer_engine = engine
+        self.cfg = model._verl_vllm_config
+
+    def _in_config(self, fn, *args):
+        from vllm.config import set_current_vllm_config
+
+        with set_current_vllm_config(self.cfg):
+            return fn(*args)
+
+    def init_weight_transfer_engine(self, info):
+        e = self.weight_transfer_engine
+        return self._in_config(e.init_transfer_engine, e.parse_init_info(info))
+
+    def start_weight_update(self):
+        return self._in_config(self.weight_transfer_engine.start_weight_update)
+
+    def update_weights(self, info):
+        return self._in_config(self.weight_transfer_engine.update_weights, info)
+
+    def finish_weight_update(self):
+        return self._in_config(self.weight_transfer_engine.finish_weight_update)
+
+
+class _OneWorkerLLM:
+    """``LLM.collective_rpc`` semantics (method name or callable taking the worker) for one worker."""
+
+    def __init__(self, worker):
+        self.worker = worker
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        fn = getattr(self.worker, method) if isinstance(method, str) else (lambda *a, **k: method(self.worker, *a, **k))
+        return [self.worker._in_config(lambda: fn(*args, **(kwargs or {})))]
+
+
+def _engine_sync(rank, dirs):
+    """``VllmEngine.sync_weights`` end to end on the CPU: a megatron actor (TP=1) streamed through
+    the real exporter into vLLM's own model, by the path the gate picks for this rank."""
+    from types import SimpleNamespace
+
+    from verl_bridge.arch import hf_model_provider
+    from verl_bridge.arch.hf import SafetensorsDir, load_hf_config
+    from verl_bridge.rollout import vllm_cpu as V
+    from verl_bridge.rollout import vllm_engine as ve
+
+    arch = ARCHS[rank % len(ARCHS)]
+    path = ("transfer_api", "collective_rpc")[rank % 2]
+    actor = hf_model_provider(dirs[arch])(pre_process=True, post_process=True)
+    model = V.build_cpu_model(dirs[arch])
+    transfer = V.transfer_engine_for(model) if path == "transfer_api" else None
+    llm = _OneWorkerLLM(_CpuWorker(model, transfer))
+    engine = ve.VllmEngine.__new__(ve.VllmEngine)  # __init__ needs CUDA; set what sync_weights uses
+    engine.actor, engine.llm, engine.vocab_size, engine._awake = actor, llm, HF_VOCAB, True
+    engine.cfg = SimpleNamespace(bucket_mb=1, verify_sync=False)
+    engine.update_path = ve.choose_update_path(llm, "0.33.0" if path == "transfer_api" else "0.21.0")
+    if engine.update_path == "transfer_api":
+        llm.collective_rpc("init_weight_transfer_engine", args=({},))
+    engine.sync_weights()
+    expected = V.expected_shards(SafetensorsDir(dirs[arch]), load_hf_config(dirs[arch]))
+    out = dict(arch=arch, path=engine.update_path, mismatched=V.compare_to_expected(model, expected),
+               tensors=engine.export_stats.tensors)
+    # a stream that misses a parameter is refused, not left at its dummy init
+    engine.vocab_size = HF_VOCAB
+    real_exporter = engine._exporter
+
+    class Dropping:
+        def __init__(self):
+            self.inner = real_exporter()
+            self.stats = self.inner.stats
+
+        def iter_buckets(self):
+            for b in self.inner.iter_buckets():
+                yield [(n, t) for n, t in b if n != "model.norm.weight"]
+
+    engine._exporter = Dropping
+    try:
+        engine.sync_weights()
+        out["refused"] = None
+    except RuntimeError as e:
+        out["refused"] = str(e)
+    return out
+
+
 def _vllm_worker(rank, world_size, dirs, out_dir):
     """One vLLM world of two processes: TP=1 checks split between the ranks, then TP=2."""
+    from verl_bridge.parallel import init_model_parallel
     from verl_bridge.rollout.vllm_cpu import use_cpu_platform
 
     use_cpu_platform()
-    return _vllm_tp1_part(rank, world_size, dirs, out_dir), _vllm_tp2_part(rank, world_size, dirs, out_dir)
+    init_model_parallel(1, 1)  # megatron's groups for the actor of _engine_sync (TP=1, DP=2)
+    tp1 = _vllm_tp1_part(rank, world_size, dirs, out_dir)
+    tp1[("engine_sync", rank)] = _engine_sync(rank, dirs)
+    return tp1, _vllm_tp2_part(rank, world_size, dirs, out_dir)
 
 
 @pytest.fixture(scope="module")
@@ -257,6 +351,14 @@ def test_vllm_tp2_each_rank_holds_its_slice(tp2, arch):
     assert shapes["model.layers.0.mlp.gate_up_proj.weight"] == (64, 32)  # 2 x 64 / 2
     assert shapes["model.embed_tokens.weight"] == (64, 32)  # 100 padded to 128, split in two
     assert not torch.equal(ranks[0]["qkv"], ranks[1]["qkv"])
+
+
+@pytest.mark.parametrize("rank", [0, 1], ids=["transfer_api", "collective_rpc"])
+def test_engine_sync_weights_through_each_update_path(tp1, rank):
+    r = tp1[("engine_sync", rank)]
+    assert r["path"] == ("transfer_api", "collective_rpc")[rank]
+    assert r["tensors"] > 0 and r["mismatched"] == {}, r["mismatched"]
+    assert r["refused"] is not None and "model.norm.weight" in r["refused"], r["refused"]
 
 
 def test_export_side_made_several_buckets_per_layout(streams):

@@ -212,8 +212,14 @@ def _rpc_load_weights(worker, bucket) -> list[str]:
     return sorted(model.load_weights(iter(bucket)) or ())
 
 
-def _rpc_transfer_loaded_names(worker) -> list[str]:
-    return sorted(getattr(worker.weight_transfer_engine, "loaded_names", ()) or ())
+def _rpc_unloaded_params(worker, loaded: Optional[list] = None) -> list[str]:
+    """Runs on the vLLM worker: its parameters that the last sync did not load (``loaded`` given
+    for the collective_rpc path; the transfer backend keeps its own record)."""
+    model = worker.model_runner.get_model() if hasattr(worker.model_runner, "get_model") else worker.model_runner.model
+    if loaded is None:
+        loaded = getattr(worker.weight_transfer_engine, "loaded_names", ())
+    done = set(loaded or ())
+    return sorted(n for n, _ in model.named_parameters() if n not in done)
 
 
 # ---- the engine (GPU only) --------------------------------------------------------------
@@ -281,8 +287,7 @@ class VllmEngine:
     def _exporter(self):
         from verl_bridge.resharding.export import WeightExporter
 
-        return WeightExporter(self.actor, bucket_bytes=int(self.cfg.bucket_mb) << 20, vocab_size=self.vocab_size,
-                              checksum=bool(self.cfg.verify_sync))
+        return WeightExporter(self.actor, bucket_bytes=int(self.cfg.bucket_mb) << 20, vocab_size=self.vocab_size)
 
     def sync_weights(self) -> None:
         if not self._awake:
@@ -293,16 +298,26 @@ class VllmEngine:
             for bucket in exporter.iter_buckets():
                 self.llm.collective_rpc("update_weights", args=({"weights": bucket},))
             self.llm.collective_rpc("finish_weight_update")
+            unloaded = self.llm.collective_rpc(_rpc_unloaded_params)
         else:
+            loaded: set[str] = set()
             for bucket in exporter.iter_buckets():
-                self.llm.collective_rpc(_rpc_load_weights, args=(bucket,))
+                for names in self.llm.collective_rpc(_rpc_load_weights, args=(bucket,)):
+                    loaded |= set(names)
+            unloaded = self.llm.collective_rpc(_rpc_unloaded_params, args=(sorted(loaded),))
         self.export_stats = exporter.stats
+        missing = sorted({n for per_worker in unloaded for n in per_worker})
+        if missing:  # a parameter left at its dummy init would generate garbage silently
+            raise RuntimeError(
+                f"Weight sync into vLLM left {len(missing)} parameter(s) unloaded: "
+                f"{', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}. The exporter's HF names do "
+                "not match what vLLM's model class loads; check the architecture map (verl_bridge.arch).")
         if not self._awake:
             self.llm.wake_up(tags=["kv_cache"])
             self._awake = True
         self._weights_valid = True
         if self.cfg.verify_sync:
-            self.last_report = self.verify(sender_checksums=exporter.checksums)
+            self.last_report = self.verify()
 
     # -- verification --------------------------------------------------------------------------
     def prompt_log_probs(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -320,7 +335,7 @@ class VllmEngine:
                 lp[i, t - 1] = entry[ids[t]].logprob
         return lp
 
-    def verify(self, sender_checksums=None):
+    def verify(self):
         """Probe check after a sync: trainer vs vLLM log-probs (raises SyncVerificationError).
 
         Needs the trainer's forward at PP=1 (megatron_log_probs); with PP > 1 the probe is not
