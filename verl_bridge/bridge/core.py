@@ -153,8 +153,11 @@ class MegatronBridge:
 
         if megatron_args.is_set():
             return
-        tok, _ = self.tokenizer_and_task()
-        vocab = len(tok) if hasattr(tok, "__len__") else getattr(tok, "vocab_size", None)
+        try:
+            tok, _ = self.tokenizer_and_task()
+            vocab = len(tok) if hasattr(tok, "__len__") else getattr(tok, "vocab_size", None)
+        except (BridgeError, OSError, ValueError):
+            vocab = None  # no tokenizer yet: vocab_size / padded_vocab_size stay None (setup reports why)
         megatron_args.set_from_config(megatron_args.args_from_config(self.config, self.layout, vocab_size=vocab))
 
     # ------------------------------------------------------------------ data

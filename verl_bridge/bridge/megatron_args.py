@@ -103,7 +103,7 @@ def args_from_config(config, layout=None, vocab_size: Optional[int] = None,
     pp = layout.pp_size if layout is not None else config.trainer.args.pp_size
     dp = layout.dp_size if layout is not None else (config.trainer.args.dp_size or 1)
     seq = config.data.max_prompt_length + config.data.max_response_length
-    vocab = int(vocab_size) if vocab_size is not None else 16
+    vocab = int(vocab_size) if vocab_size is not None else None  # None: no tokenizer known
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.trainer.precision, torch.float32)
     groups = m.num_query_groups or m.num_attention_heads
     return argparse.Namespace(
@@ -112,7 +112,7 @@ def args_from_config(config, layout=None, vocab_size: Optional[int] = None,
         ffn_hidden_size=m.ffn_hidden_size or 4 * m.hidden_size,
         seq_length=seq, max_position_embeddings=seq,
         vocab_size=vocab, make_vocab_size_divisible_by=make_vocab_size_divisible_by,
-        padded_vocab_size=padded_vocab_size(vocab, tp, make_vocab_size_divisible_by),
+        padded_vocab_size=padded_vocab_size(vocab, tp, make_vocab_size_divisible_by) if vocab else None,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, data_parallel_size=dp,
         sequence_parallel=bool(config.trainer.args.sequence_parallel and tp > 1),
         params_dtype=dtype, bf16=config.trainer.precision == "bf16", fp16=config.trainer.precision == "fp16",
