@@ -140,6 +140,7 @@ def _tp2(rank, world_size, models, root):
     mpu.destroy_model_parallel()
     mpu.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=2)
     out["pp_norm"] = opt.grad_norm()
+    out["primary"] = sorted({tuple(sh.replica_id) == (0, 0, 0) for sh in critic.sharded_state_dict().values()})
     out["pp_tp_rule_norm"] = TorchOptimizer(critic, 1e-3, 0.0, (0.9, 0.999), 1e-8, 1.0).grad_norm()
     return out
 
@@ -152,5 +153,6 @@ def test_hf_critic_is_replicated_under_tp2(tmp_path, models_dir):
     assert r0["norm"] == pytest.approx(r0["local"], rel=1e-9)   # not sqrt(2) x: replicated params count once
     assert r1["norm"] == pytest.approx(r0["norm"], rel=1e-12)
     assert r0["opt"] == "ReplicatedOptimizer"
+    assert r0["primary"] == [True] and r1["primary"] == [False]   # torch_dist: one primary copy (PP rank 0)
     assert r0["pp_norm"] == pytest.approx(r0["local"], rel=1e-9)                    # PP=2: still once
     assert r0["pp_tp_rule_norm"] == pytest.approx(math.sqrt(2) * r0["local"], rel=1e-9)

@@ -71,7 +71,7 @@ class HFCritic(torch.nn.Module):
 
     def train(self, mode: bool = True) -> "HFCritic":
         super().train(mode)
-        self.backbone.eval()  # no dropout: replicas on TP ranks must stay identical
+        self.backbone.eval()  # no dropout: replicas on TP/PP ranks must stay identical
         return self
 
     def set_input_tensor(self, input_tensor) -> None:
@@ -87,10 +87,17 @@ class HFCritic(torch.nn.Module):
         return self.value_head(out.last_hidden_state)
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
-        """torch_dist: every tensor a ShardedTensor replicated over TP and DP (one replica is primary)."""
+        """torch_dist: every tensor a ShardedTensor replicated over PP, TP and DP; the copy of
+        (PP, TP, DP) rank (0, 0, 0) is the primary one that gets written."""
+        from megatron.core import parallel_state as mpu
         from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
-        return make_sharded_tensors_for_checkpoint(self.state_dict(keep_vars=True), prefix)
+        out = make_sharded_tensors_for_checkpoint(self.state_dict(keep_vars=True), prefix)
+        pp_rank = mpu.get_pipeline_model_parallel_rank() if mpu.model_parallel_is_initialized() else 0
+        for sh in out.values():  # megatron's replica_id is (0, tp_rank, dp_rank): add the PP replica
+            rid = tuple(sh.replica_id) if isinstance(sh.replica_id, tuple) else (0, sh.replica_id, 0)
+            sh.replica_id = (pp_rank,) + rid[1:]
+        return out
 
 
 def build_hf_critic(model_name_or_path: str, precision: str = "fp32", device=None) -> HFCritic:
