@@ -110,8 +110,24 @@ def _fill(template: str, layer: Optional[str]) -> str:
     return template.replace("{}", layer) if layer is not None else template
 
 
+_RESOLVED: dict = {}
+
+
 def _resolve(spec, name: str):
-    """(template, parts, hf_names) of megatron tensor *name*; ValueError when the spec lacks it."""
+    """(template, parts, hf_names) of megatron tensor *name*; ValueError when the spec lacks it.
+
+    Memoised per (spec, name): the weight-sync stream resolves the same ~300 names every sync.
+    """
+    key = (id(spec), name)
+    hit = _RESOLVED.get(key)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    out = _resolve_uncached(spec, name)
+    _RESOLVED[key] = (spec, out)
+    return out
+
+
+def _resolve_uncached(spec, name: str):
     to_hf, mc_rx, _ = _tables(spec)
     template, layer = _match(mc_rx, name)
     if template is None:
