@@ -23,10 +23,11 @@ if [ -x "$VENV/bin/python" ] && ready; then
 else
   echo "vLLM tier: installing vllm==$VLLM_VERSION into $VENV"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q "vllm==$VLLM_VERSION"
-  "$VENV/bin/pip" install -q "megatron-core==$MCORE_VERSION" pytest pytest-timeout
+  # one resolver run; --no-compile: byte-compiling ~8 GB of packages costs minutes on 2 cores,
+  # and only the modules the tests import get compiled (lazily) anyway
+  "$VENV/bin/pip" install -q --no-compile "vllm==$VLLM_VERSION" "megatron-core==$MCORE_VERSION" pytest pytest-timeout
 fi
-"$VENV/bin/pip" install -q --no-deps -e .
+"$VENV/bin/pip" install -q --no-compile --no-deps -e .
 "$VENV/bin/python" -c "import torch, vllm, verl_bridge; print(f'vLLM tier: vllm {vllm.__version__}, torch {torch.__version__}')"
 t1=$(date +%s)
 echo "vLLM tier: environment ready in $((t1 - t0)) s"
