@@ -47,6 +47,7 @@ def _check_logits(rank, world_size, archs, tmp):
         with torch.no_grad():
             ids, pos, m = model_inputs(seq, mask)
             ref = model(ids, pos, m).float()  # [B, S, V] module forward, no cache
+            ref = ref[..., : getattr(model, 'hf_vocab_size', ref.shape[-1])]  # the decoder drops vocab padding
             st = _State(dec, B, P, R, torch.device("cpu"), torch.float32)
             valid = mask[:, :P].bool()
             attend = (torch.ones(P, P, dtype=torch.bool).tril()[None] & valid[:, None, :]) | torch.eye(P, dtype=torch.bool)[None]
@@ -116,3 +117,25 @@ def test_unsupported_models_are_named():
     from verl_bridge.rollout.fast_decode import unsupported_reason
 
     assert "GPTModel" in unsupported_reason(torch.nn.Linear(2, 2))
+
+
+def _padding_rows_never_sampled(rank, world_size, tmp):
+    from verl_bridge.parallel import init_model_parallel, seed_everything
+    from verl_bridge.rollout.base import SamplingParams
+    from verl_bridge.rollout.fast_decode import FastEngine
+    from verl_bridge.rollout.native import NativeEngine
+
+    init_model_parallel(1, 1)
+    seed_everything(0)
+    model = _hf_model("llama", tmp)  # HF vocab 100, megatron pads to 128
+    assert model.hf_vocab_size == 100 and model.output_layer.weight.shape[0] == 128
+    with torch.no_grad():
+        model.output_layer.weight[100:] = 50.0  # padding rows would win every draw if sampled
+    sp = SamplingParams(max_new_tokens=5, temperature=1.0, eos_token_id=None, pad_token_id=0)
+    for engine in (NativeEngine(model, torch.device("cpu")), FastEngine(model, torch.device("cpu"))):
+        out = engine.generate([[1, 5, 6], [1, 9]], sp, seed=0)
+        assert int(out.response_ids.max()) < 100, type(engine).__name__
+
+
+def test_vocabulary_padding_is_never_sampled(tmp_path):
+    run_distributed(_padding_rows_never_sampled, 1, tmp_path)

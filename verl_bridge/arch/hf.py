@@ -231,6 +231,8 @@ def hf_model_provider(hf_dir, *, load_weights: bool = True, **config_overrides) 
     def model_provider(pre_process: bool = True, post_process: bool = True, **_ignored):
         tf, gpt, _ = hf_to_mcore_config(hf_dir)
         model = build_gpt_model(tf, gpt, pre_process=pre_process, post_process=post_process, **config_overrides)
+        # the unpadded vocabulary: rollout never samples megatron's padding rows, export drops them
+        model.hf_vocab_size = load_hf_config(hf_dir).vocab_size
         if load_weights:
             load_hf_weights(model, hf_dir)
         return model

@@ -200,7 +200,11 @@ class FastDecoder:
         m = self.model
         fl = m.decoder.final_layernorm
         x = _norm(x, fl.weight, getattr(fl, "bias", None), self.kind, self.eps)
-        return F.linear(x, self._output_weight()).float()
+        w = self._output_weight()
+        vocab = getattr(m, "hf_vocab_size", None)
+        if vocab is not None and vocab < w.shape[0]:
+            w = w[:vocab]  # megatron's vocabulary padding rows are never sampled
+        return F.linear(x, w).float()
 
     def forward_prefill(self, ids, attend, abs_pos, cache_k, cache_v):
         """Full forward over the prompt; fills ``cache_[kv][l][:, :, :S]``; returns logits [B, S, V].

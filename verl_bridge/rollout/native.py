@@ -75,6 +75,9 @@ class NativeEngine:
         src = mpu.get_tensor_model_parallel_src_rank() if tp_size > 1 else None
         gen = torch.Generator(device=dev)
         gen.manual_seed(seed)
+        from verl_bridge.rollout.fast_decode import unwrap
+
+        vocab = getattr(unwrap(model), "hf_vocab_size", None)
 
         # prefill uses the training forward's inputs (causal + key padding, pads see themselves)
         _, positions, mask = model_inputs(prompt_ids, prompt_mask)
@@ -90,6 +93,8 @@ class NativeEngine:
         done = torch.zeros(bsz, dtype=torch.bool, device=dev)
         for t in range(params.max_new_tokens):
             full = logits[:, -1, :]  # megatron gathers TP logits in inference mode
+            if vocab is not None and vocab < full.shape[-1]:
+                full = full[:, :vocab]  # never sample megatron's vocabulary padding rows
             tok = sample_next(full, params.temperature, params.top_p, params.top_k, generator=gen)
             if tp_size > 1:
                 dist.broadcast(tok, src=src, group=tp_group)
