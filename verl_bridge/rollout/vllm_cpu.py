@@ -6,10 +6,13 @@ CPU platform. This harness does exactly that, so a weight stream (for example th
 Megatron stream of :class:`verl_bridge.resharding.export.WeightExporter`) can be checked against
 the layout vLLM really expects, without a GPU:
 
-    from verl_bridge.rollout.vllm_cpu import build_cpu_model, load_stream, expected_shards
-    model = build_cpu_model(hf_dir, tp_size=1)          # world of one, or inside a gloo world
-    loaded = load_stream(model, stream)                 # vLLM's own load_weights
-    report = compare_to_expected(model, expected_shards(hf_dir, tp_size, tp_rank))
+    from verl_bridge.rollout.vllm_cpu import check_stream
+    report = check_stream(hf_dir, stream, tp_size=1)    # world of one, or inside a gloo world
+    assert not report["missing"] and not report["missing_sources"] and not report["mismatched"]
+
+or step by step: :func:`build_cpu_model`, :func:`load_stream` (vLLM's own ``load_weights``),
+:func:`missing_params` / :func:`missing_sources`, :func:`expected_shards` +
+:func:`compare_to_expected`; :func:`transfer_engine_for` gives the adapter's transfer-API backend.
 
 Steps (tried with vLLM 0.33.0 and megatron-core 0.16.1 in one environment):
 
@@ -22,7 +25,9 @@ Steps (tried with vLLM 0.33.0 and megatron-core 0.16.1 in one environment):
 4. construct the model class named by the HF config's ``architectures``.
 
 vLLM's TP groups are its own (``vllm.distributed.parallel_state``); with ``tp_size > 1`` run
-this in ``tp_size`` gloo processes. Do not mix it with megatron's parallel state in one process.
+this in ``tp_size`` gloo processes. Megatron's and vLLM's parallel states can live in one process
+(the tests build a megatron actor next to a vLLM model), as long as every rank sets each up
+in the same order.
 """
 
 from __future__ import annotations
@@ -93,17 +98,10 @@ def init_cpu_parallel(tp_size: int = 1) -> None:
 
 def model_class_for(vllm_config):
     """vLLM's model class for the HF config's ``architectures`` (e.g. ``Qwen2ForCausalLM``)."""
-    from vllm.model_executor.models import ModelRegistry
+    from vllm.model_executor.model_loader.utils import get_model_architecture
 
-    archs = list(vllm_config.model_config.architectures or [])
-    for a in archs:
-        try:
-            cls = ModelRegistry._try_load_model_cls(a)
-        except Exception:  # noqa: BLE001 - try the next name
-            cls = None
-        if cls is not None:
-            return cls
-    raise ValueError(f"vLLM has no model class for architectures {archs}")
+    cls, _ = get_model_architecture(vllm_config.model_config)
+    return cls
 
 
 def build_cpu_model(hf_dir, *, tp_size: int = 1):
@@ -113,7 +111,6 @@ def build_cpu_model(hf_dir, *, tp_size: int = 1):
     do. Returns the model; its ``vllm_config`` is attached as ``model._verl_vllm_config``.
     """
     from vllm.config import set_current_vllm_config
-
     from vllm.model_executor.model_loader.utils import initialize_model
 
     cfg = cpu_vllm_config(hf_dir, tp_size=tp_size)
