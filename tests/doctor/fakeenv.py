@@ -110,6 +110,9 @@ class FakeEnv:
             paths.append(str(self.support))
         env["PYTHONPATH"] = os.pathsep.join(paths)
         env["PYTHONIOENCODING"] = "utf-8"
+        # a generous probe deadline: on a loaded 2-core CI box a healthy import can take seconds;
+        # the deadline test passes --timeout itself
+        env.setdefault("VERL_BRIDGE_DOCTOR_TIMEOUT", "30")
         return env
 
     def run(self, *args: str, timeout: float = 60, stdin: str | None = None) -> "Run":

@@ -283,7 +283,7 @@ def test_fake_packages_first_on_real_environment(tmp_path):
     env.file("vllm/__init__.py", "")
     env.file("vllm/_C.py", "")
     env.megatron_core("0.10.0")
-    run = env.run("--json", "--timeout", "3")
+    run = env.run("--json", "--timeout", "30")
     checks = run.checks()
     assert checks["vllm"]["status"] == "ok", checks["vllm"]
     assert checks["torch"]["status"] == "ok", checks["torch"]
