@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # vLLM tier (CPU): load the resharded Megatron stream into vLLM's own model classes.
+# Usage: bash .ci/vllm_tier.sh [--install-only]
 # Creates or reuses .venv-vllm in the repo (vLLM pins its own torch, so it never shares the main
 # venv), installs vLLM + megatron-core + pytest into it, then runs tests/vllm.
 # Measured on the 2-core CI machine: see the README's vLLM section (install ~5 min, tests ~3 min).
@@ -31,5 +32,6 @@ fi
 "$VENV/bin/python" -c "import torch, vllm, verl_bridge; print(f'vLLM tier: vllm {vllm.__version__}, torch {torch.__version__}')"
 t1=$(date +%s)
 echo "vLLM tier: environment ready in $((t1 - t0)) s"
+if [ "${1:-}" = "--install-only" ]; then exit 0; fi
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/vllm
 echo "vLLM tier: tests took $(( $(date +%s) - t1 )) s, total $(( $(date +%s) - t0 )) s"
