@@ -272,15 +272,9 @@ def gumbel_sample(logits: torch.Tensor, temperature: float, top_p: float, top_k:
     """Draw from softmax(logits / T) after top-k / top-p filtering, without a host sync."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
-    if top_k and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        drop = probs.cumsum(dim=-1) - probs > top_p
-        logits = logits.scatter(-1, idx, sorted_logits.masked_fill(drop, float("-inf")))
+    from verl_bridge.rollout.sampling import filter_logits
+
+    logits = filter_logits(logits, temperature, top_p, top_k)
     u = torch.rand(logits.shape, device=logits.device, generator=generator).clamp_(min=1e-10)
     return (logits - torch.log(-torch.log(u))).argmax(dim=-1)
 

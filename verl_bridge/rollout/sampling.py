@@ -5,11 +5,8 @@ from __future__ import annotations
 import torch
 
 
-def sample_next(logits: torch.Tensor, temperature: float, top_p: float, top_k: int,
-                generator: torch.Generator | None = None) -> torch.Tensor:
-    """Sample one token per row of ``logits`` [B, V]. ``temperature == 0`` means greedy."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
+def filter_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
+    """``logits / temperature`` (fp32) with everything outside top-k / top-p set to ``-inf``."""
     logits = logits.float() / temperature
     if top_k and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
@@ -17,9 +14,15 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, top_k: i
     if top_p < 1.0:
         sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
         probs = torch.softmax(sorted_logits, dim=-1)
-        cum = probs.cumsum(dim=-1)
-        drop = cum - probs > top_p  # keep the smallest prefix whose mass reaches top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
-    probs = torch.softmax(logits, dim=-1)
+        drop = probs.cumsum(dim=-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
+        logits = logits.scatter(-1, idx, sorted_logits.masked_fill(drop, float("-inf")))
+    return logits
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float, top_k: int,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """Sample one token per row of ``logits`` [B, V]. ``temperature == 0`` means greedy."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(filter_logits(logits, temperature, top_p, top_k), dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
