@@ -162,6 +162,7 @@ class RolloutConfig:
     verify_threshold: float = 1e-3
     gpu_memory_utilization: float = 0.5
     eval_temperature: float = 0.0  # 0 = greedy decoding in evaluation
+    compile_decode: bool = False  # native engine on CUDA: torch.compile the decode step before graph capture
 
 
 @dataclass(kw_only=True)

@@ -134,7 +134,7 @@ class MegatronTrainer:
         elif cfg.rollout.engine != "native":
             raise RuntimeError(f"rollout.engine={cfg.rollout.engine!r} is not available in this build; use native")
         else:
-            self.engine = NativeEngine(self.roles.actor, self.device)
+            self.engine = NativeEngine(self.roles.actor, self.device, compile=cfg.rollout.compile_decode)
 
     # ------------------------------------------------------------------ helpers
     def _forward(self, model, batches: list[Experience], loss_fn, forward_only: bool) -> list[dict]:
