@@ -9,6 +9,13 @@ from __future__ import annotations
 import torch
 
 
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Strip DDP / Float16Module-style ``.module`` wrappers down to the model itself."""
+    while isinstance(getattr(model, "module", None), torch.nn.Module):
+        model = model.module
+    return model
+
+
 def _cpu_safe_rotary_class(base: type) -> type:
     """RotaryEmbedding whose ``get_emb`` keeps ``inv_freq`` where the model is.
 

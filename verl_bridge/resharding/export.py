@@ -51,6 +51,7 @@ from verl_bridge.arch.convert import (
     tp_split_dim,
 )
 from verl_bridge.arch.registry import ArchSpec, detect_architecture, get_arch
+from verl_bridge.compat import unwrap_model
 
 
 @dataclass
@@ -83,12 +84,6 @@ def local_spec_name(name: str) -> str:
         if name.endswith(te):
             return name[: -len(te)] + local
     return name
-
-
-def _unwrap(model):
-    while hasattr(model, "module") and isinstance(getattr(model, "module"), torch.nn.Module):
-        model = model.module
-    return model
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -177,7 +172,7 @@ class WeightExporter:
         chunks = model_chunks if isinstance(model_chunks, (list, tuple)) else [model_chunks]
         if not chunks:
             raise ValueError("WeightExporter needs at least one model chunk")
-        self.chunks = [_unwrap(c) for c in chunks]
+        self.chunks = [unwrap_model(c) for c in chunks]
         first = self.chunks[0]
         self.spec = get_arch(arch if arch is not None else detect_architecture(first))
         if bucket_bytes <= 0:

@@ -32,14 +32,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from verl_bridge.compat import unwrap_model as unwrap
 from verl_bridge.rollout.base import RolloutBatch, SamplingParams
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """Strip DDP / Float16Module wrappers down to the GPTModel."""
-    while hasattr(model, "module") and not hasattr(model, "decoder"):
-        model = model.module
-    return model
 
 
 def unsupported_reason(model: torch.nn.Module) -> Optional[str]:
@@ -113,7 +107,7 @@ class _Layer:
 class FastDecoder:
     """Prefill + static-KV-cache decode on a GPTModel's live parameters; CUDA graphs on GPU."""
 
-    def __init__(self, model: torch.nn.Module, use_cuda_graphs: Optional[bool] = None):
+    def __init__(self, model: torch.nn.Module):
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(f"FastDecoder cannot run this model: {reason}")
@@ -129,8 +123,6 @@ class FastDecoder:
         self.gated = c.gated_linear_unit
         self.act = c.activation_func
         self.rope = getattr(self.model, "position_embedding_type", "rope") == "rope"
-        self.use_cuda_graphs = use_cuda_graphs
-        self._graphs: dict = {}
         if self.rope:  # megatron keeps inv_freq as a plain attribute: it stays on CPU after .to("cuda")
             dev = self._output_weight().device
             self.inv_freq = self.model.rotary_pos_emb.inv_freq.float().to(dev)
@@ -298,6 +290,11 @@ class _State:
         self.resp_mask = torch.zeros(B, R, dtype=torch.long, device=device)
         self.graph = None
 
+    def step_buffers(self) -> tuple[torch.Tensor, ...]:
+        """What one decode step mutates outside the KV cache (saved/restored around capture)."""
+        return (self.tok, self.abs_pos, self.write_idx, self.t, self.done, self.key_valid,
+                self.response, self.resp_mask)
+
 
 class FastEngine:
     """:class:`~verl_bridge.rollout.base.RolloutEngine` on :class:`FastDecoder` (TP=1 only).
@@ -392,21 +389,18 @@ class FastEngine:
 
         steps = R - 1
         if use_graph and steps > 0 and st.graph is None:
-            snapshot = [t.clone() for t in (st.tok, st.abs_pos, st.write_idx, st.t, st.done, st.key_valid,
-                                            st.response, st.resp_mask)]
+            snapshot = [t.clone() for t in st.step_buffers()]
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):
                 self._step(st, params, gen)  # warm-up (allocator, kernels)
             torch.cuda.current_stream().wait_stream(s)
-            for dst, src in zip((st.tok, st.abs_pos, st.write_idx, st.t, st.done, st.key_valid,
-                                 st.response, st.resp_mask), snapshot):
+            for dst, src in zip(st.step_buffers(), snapshot):
                 dst.copy_(src)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 self._step(st, params, gen)
-            for dst, src in zip((st.tok, st.abs_pos, st.write_idx, st.t, st.done, st.key_valid,
-                                 st.response, st.resp_mask), snapshot):
+            for dst, src in zip(st.step_buffers(), snapshot):
                 dst.copy_(src)
             st.graph = g
         check_every = 16

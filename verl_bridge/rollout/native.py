@@ -79,9 +79,9 @@ class NativeEngine:
         src = mpu.get_tensor_model_parallel_src_rank() if tp_size > 1 else None
         gen = torch.Generator(device=dev)
         gen.manual_seed(seed)
-        from verl_bridge.rollout.fast_decode import unwrap
+        from verl_bridge.compat import unwrap_model
 
-        vocab = getattr(unwrap(model), "hf_vocab_size", None)
+        vocab = getattr(unwrap_model(model), "hf_vocab_size", None)
 
         # prefill uses the training forward's inputs (causal + key padding, pads see themselves)
         _, positions, mask = model_inputs(prompt_ids, prompt_mask)
