@@ -48,7 +48,9 @@ def main(argv=None) -> int:
     seed_everything(0)  # also megatron's CUDA RNG tracker, which GPU initialisation needs
     tmp = tempfile.mkdtemp(prefix="bench_rollout_")
     hf = C.make_hf_model(shape, tmp, dtype=dtype).to(dev).eval()
-    over = dict(bf16=True, params_dtype=torch.bfloat16, use_cpu_initialization=False) if dtype == torch.bfloat16 else {}
+    from verl_bridge.models.tiny import precision_kwargs
+
+    over = dict(precision_kwargs("bf16"), use_cpu_initialization=False) if dtype == torch.bfloat16 else {}
     mc = hf_model_provider(tmp, **over)(True, True).to(dev).eval()
 
     g = torch.Generator().manual_seed(0)

@@ -44,7 +44,9 @@ def main(argv=None) -> int:
     hf = C.make_hf_model(shape, tmp, dtype=dtype)
     expected = {k: v.to(dev) for k, v in hf.state_dict().items()}
     del hf
-    over = dict(bf16=True, params_dtype=torch.bfloat16, use_cpu_initialization=False) if dtype == torch.bfloat16 else {}
+    from verl_bridge.models.tiny import precision_kwargs
+
+    over = dict(precision_kwargs("bf16"), use_cpu_initialization=False) if dtype == torch.bfloat16 else {}
     mc = hf_model_provider(tmp, **over)(True, True).to(dev).eval()
     bucket = args.bucket_mb << 20
     ex = WeightExporter(mc, bucket_bytes=bucket, vocab_size=shape["vocab_size"])

@@ -221,12 +221,10 @@ class MegatronBridge:
                                      tp_size=self.layout.tp_size, sequence_parallel=cfg.trainer.args.sequence_parallel)
         elif args.model_name_or_path:
             from verl_bridge.arch import hf_model_provider
+            from verl_bridge.models.tiny import precision_kwargs
 
-            import torch as _torch
-
-            prec = {"bf16": dict(bf16=True, params_dtype=_torch.bfloat16),
-                    "fp16": dict(fp16=True, params_dtype=_torch.float16)}.get(cfg.trainer.precision, {})
-            fn = hf_model_provider(_local_dir(args.model_name_or_path, cfg.source_dir), **prec)
+            fn = hf_model_provider(_local_dir(args.model_name_or_path, cfg.source_dir),
+                                   **precision_kwargs(cfg.trainer.precision))
         else:
             raise BridgeError("model.actor.args: no model source (preset, model_name_or_path or model_provider)")
         pre = self.layout.is_first_stage

@@ -12,16 +12,21 @@ import torch
 import torch.nn.functional as F
 
 
+def precision_kwargs(precision: str = "fp32") -> dict:
+    """TransformerConfig flags for ``trainer.precision`` (fp32 | bf16 | fp16)."""
+    if precision == "bf16":
+        return dict(bf16=True, params_dtype=torch.bfloat16)
+    if precision == "fp16":
+        return dict(fp16=True, params_dtype=torch.float16)
+    return {}
+
+
 def transformer_config_kwargs(precision: str = "fp32") -> dict:
     """Flags every verl-bridge model sets so that megatron-core's local modules run on CPU too."""
     from verl_bridge.arch.hf import PORTABLE_FLAGS
 
-    kw = dict(PORTABLE_FLAGS, use_cpu_initialization=not torch.cuda.is_available())
-    if precision == "bf16":
-        kw.update(bf16=True, params_dtype=torch.bfloat16)
-    elif precision == "fp16":
-        kw.update(fp16=True, params_dtype=torch.float16)
-    return kw
+    return dict(PORTABLE_FLAGS, use_cpu_initialization=not torch.cuda.is_available(),
+                **precision_kwargs(precision))
 
 
 def tiny_model_provider(args, vocab_size: int, max_sequence_length: int, precision: str = "fp32",
