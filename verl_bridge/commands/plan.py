@@ -37,12 +37,9 @@ def plan(config_file, overrides, nproc, nnodes, device_memory_gb, model_shape, b
     from verl_bridge.planning.refit import plan_refit, refit_lines
     from verl_bridge.planning.shapes import ShapeError, resolve_shape
 
-    if nproc is None:
-        try:
-            nproc = load_config(config_file, list(overrides), world_size=1, check_paths=False).trainer.nproc_per_node
-        except ConfigError:
-            nproc = 1
-    world = nproc * nnodes
+    from verl_bridge.commands.train import resolve_world
+
+    nproc, world = resolve_world(config_file, overrides, nproc, nnodes)
     try:  # a plan needs no files on disk: paths are not checked
         cfg = load_config(config_file, list(overrides), world_size=world, check_paths=False)
     except ConfigError as exc:

@@ -22,6 +22,18 @@ def _load(config_file: str, overrides: tuple[str, ...], world_size: int):
         raise ConfigProblem(str(exc)) from None
 
 
+def resolve_world(config_file: str, overrides, nproc: int | None, nnodes: int) -> tuple[int, int]:
+    """(nproc_per_node, world size): ``--nproc-per-node``, else ``trainer.nproc_per_node`` from the file."""
+    from verl_bridge.config import ConfigError, load_config
+
+    if nproc is None:
+        try:
+            nproc = load_config(config_file, list(overrides), world_size=1, check_paths=False).trainer.nproc_per_node
+        except ConfigError:
+            nproc = 1
+    return nproc, nproc * nnodes
+
+
 @click.command(context_settings={"ignore_unknown_options": False})
 @click.argument("config_file", type=click.Path(dir_okay=False))
 @click.argument("overrides", nargs=-1)
@@ -31,15 +43,7 @@ def _load(config_file: str, overrides: tuple[str, ...], world_size: int):
 @click.option("--dry-run", is_flag=True, help="Validate and print the parallel plan; start nothing.")
 def train(config_file: str, overrides: tuple[str, ...], nproc: int | None, nnodes: int, dry_run: bool) -> None:
     """Run PPO/GRPO training from CONFIG, with optional key=value overrides."""
-    from verl_bridge.config import ConfigError, load_config
-
-    # first pass: find nproc_per_node in the file when --nproc-per-node is absent
-    if nproc is None:
-        try:
-            nproc = load_config(config_file, list(overrides), world_size=1, check_paths=False).trainer.nproc_per_node
-        except ConfigError:
-            nproc = 1
-    world = nproc * nnodes
+    nproc, world = resolve_world(config_file, overrides, nproc, nnodes)
     cfg = _load(config_file, overrides, world)
     has_cuda = _has_cuda()
     if dry_run:
