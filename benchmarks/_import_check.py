@@ -1,4 +1,4 @@
-import importlib, pkgutil, verl_bridge, traceback
+import importlib, pkgutil, verl_bridge
 bad = []
 for m in pkgutil.walk_packages(verl_bridge.__path__, "verl_bridge."):
     if any(x in m.name for x in ("vllm",)):

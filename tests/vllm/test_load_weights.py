@@ -19,7 +19,6 @@ Two real halves in separate process worlds (vLLM and megatron keep separate para
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import pytest
@@ -27,6 +26,7 @@ import torch
 
 from tests.arch.tiny_hf import make_tiny_hf
 from tests.dist_utils import run_distributed
+from tests.resharding.workers import cpu_tensor_cuda_noop
 
 ARCHS = ("llama", "qwen2")
 LAYOUTS = ((1, 1), (2, 1), (1, 2), (2, 2))
@@ -36,20 +36,6 @@ BUCKET_BYTES = 12 << 10  # small: several buckets per model
 
 def _stream_file(out_dir, arch, tp, pp):
     return os.path.join(out_dir, f"{arch}-tp{tp}-pp{pp}.pt")
-
-
-@contextlib.contextmanager
-def _cuda_noop():
-    """megatron-core moves a PP>1 tied-embedding copy to CUDA while building; no-op on CPU."""
-    if torch.cuda.is_available():
-        yield
-        return
-    original = torch.Tensor.cuda
-    torch.Tensor.cuda = lambda self, *a, **k: self
-    try:
-        yield
-    finally:
-        torch.Tensor.cuda = original
 
 
 def _export_worker(rank, world_size, dirs, out_dir):
@@ -65,7 +51,7 @@ def _export_worker(rank, world_size, dirs, out_dir):
         pp_rank = mpu.get_pipeline_model_parallel_rank()
         for arch in ARCHS:
             provider = hf_model_provider(dirs[arch], pipeline_dtype=torch.float32)
-            with _cuda_noop():
+            with cpu_tensor_cuda_noop():
                 model = provider(pre_process=pp_rank == 0, post_process=pp_rank == pp - 1)
             exporter = WeightExporter(model, vocab_size=HF_VOCAB, bucket_bytes=BUCKET_BYTES)
             buckets = [[(n, t.clone()) for n, t in b] for b in exporter.iter_buckets()]
