@@ -139,3 +139,29 @@ def _padding_rows_never_sampled(rank, world_size, tmp):
 
 def test_vocabulary_padding_is_never_sampled(tmp_path):
     run_distributed(_padding_rows_never_sampled, 1, tmp_path)
+
+
+def _sync_check_goes_through_fast_decoder(rank, world_size, tmp):
+    import pytest as _pytest
+
+    from verl_bridge.parallel import init_model_parallel, seed_everything
+    from verl_bridge.rollout.native import NativeEngine
+    from verl_bridge.rollout.verify import SyncVerificationError, verify_native_engine
+
+    init_model_parallel(1, 1)
+    seed_everything(0)
+    model = _hf_model("qwen2", tmp)  # GQA, QKV bias, tied embeddings, vocab padded 100 -> 128
+    engine = NativeEngine(model, torch.device("cpu"), fast=True)
+    report = verify_native_engine(model, threshold=1e-4, engine=engine)
+    assert report.ok and report.tokens > 0 and report.max_abs_diff < 1e-4, report
+    # a decoder that disagrees with the trainer (wrong softmax scale) is caught: the check scores the
+    # probe through the path that generates, not through megatron's module forward
+    engine.fast.decoder.scale *= 2.0
+    with _pytest.raises(SyncVerificationError):
+        verify_native_engine(model, threshold=1e-4, engine=engine)
+    # the module path is still what an engine without the fast decoder is checked on
+    assert verify_native_engine(model, threshold=1e-4, engine=NativeEngine(model, torch.device("cpu"))).ok
+
+
+def test_sync_check_scores_the_fast_decoder(tmp_path):
+    run_distributed(_sync_check_goes_through_fast_decoder, 1, tmp_path)

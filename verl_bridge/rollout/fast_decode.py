@@ -259,6 +259,26 @@ class FastDecoder:
         return self._logits(x)[:, 0]
 
 
+    @torch.no_grad()
+    def teacher_forced_logits(self, ids: torch.Tensor, decode_steps: int) -> torch.Tensor:
+        """Logits [B, S, V] of unpadded ``ids`` through the generation path: prefill of the first
+        ``S - decode_steps`` tokens, then single-token decode steps fed the batch's own tokens."""
+        B, S = ids.shape
+        plen = S - decode_steps
+        dev = ids.device
+        st = _State(self, B, plen, decode_steps, dev, self._output_weight().dtype)
+        pos = torch.arange(S, device=dev).expand(B, S)
+        attend = torch.ones(plen, plen, dtype=torch.bool, device=dev).tril().expand(B, plen, plen)
+        chunks = [self.forward_prefill(ids[:, :plen], attend, pos[:, :plen], st.cache_k, st.cache_v)]
+        st.key_valid[:, :plen] = True
+        for t in range(decode_steps):
+            st.key_valid[:, plen + t] = True
+            idx = torch.tensor(plen + t, device=dev)
+            step = self.forward_decode(ids[:, plen + t], pos[:, plen + t], idx, st.key_valid, st.cache_k, st.cache_v)
+            chunks.append(step[:, None])
+        return torch.cat(chunks, dim=1)
+
+
 def gumbel_sample(logits: torch.Tensor, temperature: float, top_p: float, top_k: int,
                   generator: Optional[torch.Generator] = None) -> torch.Tensor:
     """Draw from softmax(logits / T) after top-k / top-p filtering, without a host sync."""

@@ -59,6 +59,23 @@ class NativeEngine:
     def sync_weights(self) -> None:  # shares the actor's parameters
         return None
 
+    def probe_log_probs(self, input_ids: torch.Tensor, vocab_size: int | None, decode_steps: int = 3) -> torch.Tensor:
+        """Next-token log-probs [B, S-1] of a probe batch through the path that generates: the fast
+        decoder when it is in use, megatron's KV-cache forward otherwise (the sync check's engine side)."""
+        from verl_bridge.rollout.verify import _next_token_log_probs, native_engine_log_probs
+
+        if self.fast is None:
+            return native_engine_log_probs(self.model, input_ids, vocab_size, decode_steps)
+        ids = input_ids.to(self.device)
+        steps = max(0, min(decode_steps, ids.shape[1] - 2))
+        was_training = self.fast.decoder.model.training
+        self.fast.decoder.model.eval()
+        try:
+            logits = self.fast.decoder.teacher_forced_logits(ids, steps)
+        finally:
+            self.fast.decoder.model.train(was_training)
+        return _next_token_log_probs(logits, ids, vocab_size).cpu()
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:
         if self.fast is not None:

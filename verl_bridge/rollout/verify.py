@@ -259,20 +259,28 @@ def probe_sync(actor, receiver_log_probs: Callable[[torch.Tensor], torch.Tensor]
 
 
 def verify_native_engine(model, *, threshold: float, vocab_size: Optional[int] = None,
-                         input_ids: Optional[torch.Tensor] = None) -> Optional[SyncReport]:
-    """The native engine's sync check: trainer forward vs the engine's KV-cache forward on the probe.
+                         input_ids: Optional[torch.Tensor] = None, engine=None) -> Optional[SyncReport]:
+    """The native engine's sync check: trainer forward vs the engine's generation path on the probe.
 
-    Returns ``None`` (no check) where the native engine cannot run: pipeline parallel > 1.
+    ``engine`` (a :class:`~verl_bridge.rollout.native.NativeEngine`) scores the probe through the
+    path it generates with (its CUDA-graph fast decoder where that is in use); without it, megatron's
+    KV-cache forward is checked. The probe vocabulary is the model's unpadded one where known (the
+    engines never sample megatron's padding rows). Returns ``None`` (no check) where the native
+    engine cannot run: pipeline parallel > 1.
     """
     from megatron.core import parallel_state as mpu
 
+    from verl_bridge.compat import unwrap_model
+
     if mpu.model_parallel_is_initialized() and mpu.get_pipeline_model_parallel_world_size() > 1:
         return None
-    vocab = vocab_size or getattr(model, "vocab_size", None)
+    inner = unwrap_model(model)
+    vocab = vocab_size or getattr(inner, "hf_vocab_size", None) or getattr(inner, "vocab_size", None)
     ids = probe_input_ids(vocab) if input_ids is None else input_ids
     trainer = megatron_log_probs(model, ids, vocab)
-    engine = native_engine_log_probs(model, ids, vocab)
-    return verify_sync(trainer, engine, None, threshold=threshold)
+    engine_lp = (engine.probe_log_probs(ids, vocab) if engine is not None
+                 else native_engine_log_probs(model, ids, vocab))
+    return verify_sync(trainer, engine_lp, None, threshold=threshold)
 
 
 __all__ = [

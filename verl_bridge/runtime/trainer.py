@@ -325,7 +325,7 @@ class MegatronTrainer:
         self.engine.sync_weights()
         if self.config.rollout.verify_sync and self.config.rollout.engine == "native":  # rollout/verify.py
             from verl_bridge.rollout.verify import verify_native_engine
-            verify_native_engine(self.roles.actor, threshold=self.config.rollout.verify_threshold)
+            verify_native_engine(self.roles.actor, threshold=self.config.rollout.verify_threshold, engine=self.engine)
         t_train = time.perf_counter() - t1
         mask = exp.response_mask
         metrics["reward_mean"] = float(exp.scores.mean())
