@@ -142,8 +142,6 @@ def test_vocabulary_padding_is_never_sampled(tmp_path):
 
 
 def _sync_check_goes_through_fast_decoder(rank, world_size, tmp):
-    import pytest as _pytest
-
     from verl_bridge.parallel import init_model_parallel, seed_everything
     from verl_bridge.rollout.native import NativeEngine
     from verl_bridge.rollout.verify import SyncVerificationError, verify_native_engine
@@ -157,7 +155,7 @@ def _sync_check_goes_through_fast_decoder(rank, world_size, tmp):
     # a decoder that disagrees with the trainer (wrong softmax scale) is caught: the check scores the
     # probe through the path that generates, not through megatron's module forward
     engine.fast.decoder.scale *= 2.0
-    with _pytest.raises(SyncVerificationError):
+    with pytest.raises(SyncVerificationError):
         verify_native_engine(model, threshold=1e-4, engine=engine)
     # the module path is still what an engine without the fast decoder is checked on
     assert verify_native_engine(model, threshold=1e-4, engine=NativeEngine(model, torch.device("cpu"))).ok
