@@ -19,7 +19,7 @@ from typing import Mapping, MutableMapping, Optional
 
 import torch
 
-from verl_bridge.arch.fused import FUSED_PARTS, fuse_gate_up, fuse_qkv, split_gate_up, split_qkv
+from verl_bridge.arch.fused import FUSED_PARTS, fuse_gate_up, fuse_qkv, split_gate_up, split_qkv_grouped
 from verl_bridge.arch.registry import ArchSpec, get_arch
 
 VOCAB_PARAMS = ("embedding.word_embeddings.weight", "output_layer.weight")
@@ -195,19 +195,19 @@ def hf_to_mcore(
     return out.contiguous()
 
 
-def mcore_to_hf(
+def mcore_to_hf_parts(
     name: str,
     tensor: torch.Tensor,
     arch_spec,
     config,
     *,
     extras: Optional[Mapping[str, torch.Tensor]] = None,
-) -> list[tuple[str, torch.Tensor]]:
-    """HF-named tensors from one FULL (TP-merged, global layer index) megatron tensor.
+) -> list[tuple[str, torch.Tensor, tuple[int, ...]]]:
+    """:func:`mcore_to_hf` without the copies: ``(hf_name, part, hf_shape)`` per HF tensor.
 
-    ``_extra_state`` entries give ``[]``; so does ``output_layer.weight`` of a tied model (HF
-    ties ``lm_head`` to the embeddings). Anything the spec does not know raises
-    ``ValueError(f"unknown parameter {name}")``.
+    ``part`` is a view of ``tensor`` wherever the conversion is only slicing (vocabulary padding
+    dropped, gate/up halves, the q/k/v rows of each query group); ``part.reshape(hf_shape)`` is the
+    HF tensor. Only a learned-position table with a leading offset (OPT) gives a new tensor.
     """
     spec = get_arch(arch_spec)
     dims = dims_of(config)
@@ -222,15 +222,33 @@ def mcore_to_hf(
         lead = (extras or {}).get(hf_names[0])
         if lead is None:
             lead = torch.zeros((spec.position_offset,) + tuple(tensor.shape[1:]), dtype=tensor.dtype)
-        tensor = torch.cat([lead.to(tensor.dtype), tensor], dim=0)
+        tensor = torch.cat([lead.to(device=tensor.device, dtype=tensor.dtype), tensor], dim=0)
     leaf = template.split(".")[-2]
     if len(parts) == 1 and parts[0][0] is None:
-        outs = [tensor]
-    elif leaf == "linear_qkv":
-        outs = list(split_qkv(tensor, dims.num_attention_heads, dims.num_query_groups))
-    else:
-        outs = list(split_gate_up(tensor))
-    return [(n, t.contiguous()) for n, t in zip(hf_names, outs)]
+        return [(hf_names[0], tensor, tuple(tensor.shape))]
+    if leaf == "linear_qkv":
+        rest = tuple(tensor.shape[1:])
+        return [(n, t, (t.shape[0] * t.shape[1],) + rest)
+                for n, t in zip(hf_names, split_qkv_grouped(tensor, dims.num_attention_heads, dims.num_query_groups))]
+    return [(n, t, tuple(t.shape)) for n, t in zip(hf_names, split_gate_up(tensor))]
+
+
+def mcore_to_hf(
+    name: str,
+    tensor: torch.Tensor,
+    arch_spec,
+    config,
+    *,
+    extras: Optional[Mapping[str, torch.Tensor]] = None,
+) -> list[tuple[str, torch.Tensor]]:
+    """HF-named tensors from one FULL (TP-merged, global layer index) megatron tensor.
+
+    ``_extra_state`` entries give ``[]``; so does ``output_layer.weight`` of a tied model (HF
+    ties ``lm_head`` to the embeddings). Anything the spec does not know raises
+    ``ValueError(f"unknown parameter {name}")``.
+    """
+    return [(n, t.reshape(shape).contiguous())
+            for n, t, shape in mcore_to_hf_parts(name, tensor, arch_spec, config, extras=extras)]
 
 
 def mcore_names(arch_spec, config) -> list[str]:

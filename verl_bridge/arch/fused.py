@@ -23,12 +23,23 @@ def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, 
     return torch.cat([qg, kg, vg], dim=1).reshape(-1, *rest).contiguous()
 
 
-def split_qkv(qkv: torch.Tensor, num_heads: int, num_groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def split_qkv_grouped(qkv: torch.Tensor, num_heads: int, num_groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views (no copy) of q, k, v in their per-group layout ``[groups, rows per group, *rest]``.
+
+    ``t.reshape(-1, *rest)`` of each is the HF tensor; that reshape copies unless there is one group.
+    """
     rest = tuple(qkv.shape[1:])
     per_group = num_heads // num_groups
     head_dim = qkv.shape[0] // (num_heads + 2 * num_groups)
-    g = qkv.reshape(num_groups, (per_group + 2) * head_dim, *rest)
+    g = qkv.view(num_groups, (per_group + 2) * head_dim, *rest) if qkv.is_contiguous() else \
+        qkv.reshape(num_groups, (per_group + 2) * head_dim, *rest)
     q, k, v = torch.split(g, [per_group * head_dim, head_dim, head_dim], dim=1)
+    return q, k, v
+
+
+def split_qkv(qkv: torch.Tensor, num_heads: int, num_groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rest = tuple(qkv.shape[1:])
+    q, k, v = split_qkv_grouped(qkv, num_heads, num_groups)
     return (
         q.reshape(-1, *rest).contiguous(),
         k.reshape(-1, *rest).contiguous(),
