@@ -47,15 +47,9 @@ class RefitPlan:
 
 def count_buckets(entries: list[tuple[str, int, list[int]]], bucket: int) -> int:
     """Buckets :meth:`WeightExporter.iter_buckets` sends for ``(name, full bytes, [piece bytes])`` entries."""
-    n, held = 0, 0
-    for _, full, pieces in entries:
-        if held and held + full > bucket:
-            n, held = n + 1, 0
-        for size in pieces:
-            if held and held + size > bucket:
-                n, held = n + 1, 0
-            held += size
-    return n + (1 if held else 0)
+    from verl_bridge.resharding.export import assign_buckets
+
+    return len(assign_buckets([(full, pieces) for _, full, pieces in entries], bucket))
 
 
 def measure_copy_bandwidth(mib: int = 64, repeats: int = 5) -> tuple[float, str]:

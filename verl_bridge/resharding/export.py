@@ -23,6 +23,17 @@ out storages that belong to the model itself (a TP=1 owner streams its parameter
 copy). The bound is ``max(bucket_bytes, F) + F`` where ``F`` is the largest full megatron tensor
 (a tensor bigger than a bucket is its own bucket, plus one tensor in flight).
 
+Fast path. When nothing has to move between ranks (TP=1 and PP=1: a single GPU, or data-parallel
+replicas that each hold the whole model), the stream is a fixed plan built once and reused while the
+parameters keep their storage (they are updated in place between syncs). Every HF tensor that is
+a slice of a parameter (embeddings without the vocabulary padding, gate/up halves, norms, the
+projections) is yielded as a view, with no copy and no per-tensor Python. Only the tensors that
+are not contiguous in megatron's layout (q/k/v of a model with several query groups, or any
+tensor cast by ``dtype``) are copied, with one batched ``torch._foreach_copy_`` per bucket, into a
+fresh buffer split into those tensors. The buckets, their order and their contents are the same
+as on the general path, and the exporter keeps views of the parameters between syncs (call
+:meth:`WeightExporter.reset` after moving the model).
+
 Yielded tensors may alias the model's parameters (zero copy) and must be treated as read-only;
 clone them to keep them past the next training step. A yielded bucket list is emptied when the
 consumer asks for the next one (so that a ``for bucket in ...`` loop does not keep two buckets
@@ -46,6 +57,7 @@ from verl_bridge.arch.convert import (
     hf_sources,
     mcore_names,
     mcore_to_hf,
+    mcore_to_hf_parts,
     merge_tp,
     to_global_name,
     tp_split_dim,
@@ -152,6 +164,143 @@ def _parallel_state():
     return 1, 0, None, 1, 0, None, [0]
 
 
+def assign_buckets(entries: list[tuple[int, list[int]]], bucket_bytes: int) -> list[list[tuple[int, int]]]:
+    """The buckets the stream sends, as ``(entry index, piece index)`` lists.
+
+    ``entries``: per megatron parameter in stream order, ``(full bytes, [bytes of each HF piece])``.
+    A parameter starts a new bucket if its full size could overflow the pending one; its pieces
+    (q/k/v, gate/up) may then straddle buckets; a piece bigger than the cap is a bucket of its own.
+    """
+    buckets: list[list[tuple[int, int]]] = []
+    cur: list[tuple[int, int]] = []
+    held = 0
+    for i, (full, pieces) in enumerate(entries):
+        if cur and held + full > bucket_bytes:
+            buckets.append(cur)
+            cur, held = [], 0
+        for j, size in enumerate(pieces):
+            if cur and held + size > bucket_bytes:
+                buckets.append(cur)
+                cur, held = [], 0
+            cur.append((i, j))
+            held += size
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+@dataclass
+class _Staged:
+    """The copied tensors of one bucket that share a dtype: one fresh buffer per sync, split.
+
+    Each copied HF tensor is made of ``pieces``: contiguous slices of the parameter (for q/k/v,
+    one slice per query group), so one ``torch._foreach_copy_`` over flat views moves them all
+    (the multi-tensor kernel: a few launches per bucket, not one per piece). A piece that is not
+    contiguous (an unusual layout) is copied on its own.
+    """
+    dtype: torch.dtype
+    index: list  # positions in the bucket's item list
+    numels: list  # per copied HF tensor
+    shapes: list  # HF shapes
+    piece_numels: list  # per piece, in buffer order
+    piece_srcs: list  # flat contiguous parameter slices (None for a strided piece)
+    strided: list  # (piece position, strided parameter view)
+    by_src_dtype: list = None  # [(piece positions, flat slices)] per source dtype: the fast kernel needs one
+
+    def group(self) -> None:
+        groups: dict = {}
+        for pos, src in enumerate(self.piece_srcs):
+            if src is not None:
+                ps, ss = groups.setdefault(src.dtype, ([], []))
+                ps.append(pos)
+                ss.append(src)
+        self.by_src_dtype = list(groups.values())
+
+
+@dataclass
+class _PlannedBucket:
+    items: list  # (hf_name, parameter view), or (hf_name, None) where the tensor is made per sync
+    staged: list  # _Staged per dtype
+    recompute: list  # (item index, megatron name, piece index): pieces with no parameter slice
+    nbytes: int
+
+
+def _pieces(part: torch.Tensor) -> list[torch.Tensor]:
+    """``part`` as contiguous slices along its first dimension, in order (or itself if strided)."""
+    if part.is_contiguous():
+        return [part]
+    if part.dim() > 1 and all(p.is_contiguous() for p in part.unbind(0)):
+        return list(part.unbind(0))
+    return [part]
+
+
+class _Plan:
+    """The TP=1 / PP=1 stream as fixed buckets of parameter views and batched copies."""
+
+    def __init__(self, exporter: "WeightExporter", local: dict[str, torch.Tensor]):
+        ex = exporter
+        self.peak_extra_bytes = 0
+        convs, entries = [], []
+        for name in ex.order:
+            src = local[name]
+            dt = ex.dtype or src.dtype
+            ptr = src.untyped_storage().data_ptr()
+            conv = []
+            for hf_name, part, shape in mcore_to_hf_parts(name, src, ex.spec, ex.dims, extras=ex.hf_extras):
+                shares = part.untyped_storage().data_ptr() == ptr
+                view = _as_view(part, shape) if shares and part.dtype == dt else None
+                kind = "view" if view is not None else "copy" if shares else "recompute"
+                conv.append((kind, hf_name, view if view is not None else part, shape, dt))
+            size = torch.empty((), dtype=dt).element_size()
+            convs.append((name, conv))
+            entries.append((ex._full_bytes(name, tuple(src.shape), src.dtype, 1),
+                            [_numel(shape) * size for *_, shape, _dt in conv]))
+        self.buckets: list[_PlannedBucket] = []
+        for members in assign_buckets(entries, ex.bucket_bytes):
+            items, staged, recompute, nbytes, extra = [], {}, [], 0, 0
+            for i, j in members:
+                name, conv = convs[i]
+                kind, hf_name, t, shape, dt = conv[j]
+                nbytes += entries[i][1][j]
+                items.append((hf_name, t if kind == "view" else None))
+                if kind == "copy":
+                    g = staged.setdefault(dt, _Staged(dt, [], [], [], [], [], []))
+                    g.index.append(len(items) - 1)
+                    g.numels.append(_numel(shape))
+                    g.shapes.append(shape)
+                    for piece in _pieces(t):
+                        if piece.is_contiguous():
+                            g.piece_srcs.append(piece.view(-1))
+                        else:
+                            g.piece_srcs.append(None)
+                            g.strided.append((len(g.piece_numels), piece))
+                        g.piece_numels.append(piece.numel())
+                    extra += entries[i][1][j]
+                elif kind == "recompute":
+                    recompute.append((len(items) - 1, name, j))
+                    extra += entries[i][1][j]
+            for g in staged.values():
+                g.group()
+            self.peak_extra_bytes = max(self.peak_extra_bytes, extra)
+            self.buckets.append(_PlannedBucket(items, list(staged.values()), recompute, nbytes))
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _as_view(part: torch.Tensor, shape) -> Optional[torch.Tensor]:
+    """``part`` as a contiguous tensor of ``shape`` without copying, or None if that needs a copy."""
+    try:
+        v = part.view(shape)
+    except RuntimeError:
+        return None
+    return v if v.is_contiguous() else None
+
+
 class WeightExporter:
     """Full, HF-named tensors of a (TP/PP/VPP-sharded) megatron-core GPTModel, streamed in buckets.
 
@@ -164,11 +313,14 @@ class WeightExporter:
     ``checksum``: fill ``self.checksums`` (HF name -> fingerprint, see
     :func:`verl_bridge.rollout.verify.tensor_checksums`) on the sending side during export.
     ``hf_extras``: HF data megatron has no place for (OPT's leading position rows).
+    ``fast_path``: at TP=1 and PP=1, stream a plan of views built once (see the module docstring);
+    ``False`` forces the general path (same stream, per-tensor work every sync).
     """
 
     def __init__(self, model_chunks, *, arch: Union[str, ArchSpec, None] = None, bucket_bytes: int = 256 << 20,
                  dtype: Optional[torch.dtype] = None, vocab_size: Optional[int] = None, checksum: bool = False,
-                 hf_extras: Optional[dict] = None):
+                 hf_extras: Optional[dict] = None, fast_path: bool = True):
+        self.fast_path = fast_path
         chunks = model_chunks if isinstance(model_chunks, (list, tuple)) else [model_chunks]
         if not chunks:
             raise ValueError("WeightExporter needs at least one model chunk")
@@ -192,6 +344,10 @@ class WeightExporter:
         self.hf_extras = hf_extras
         self.stats = ExportStats()
         self._meta: Optional[dict] = None  # global name -> (owner pp rank, shard shape, dtype)
+        self._plan: Optional[_Plan] = None  # the TP=1 / PP=1 fast path (see the module docstring)
+        self._plan_key = None
+        self._local_key = None
+        self._params: Optional[list] = None
 
     # ---- names ----------------------------------------------------------------------------
     def hf_names(self) -> list[str]:
@@ -229,10 +385,12 @@ class WeightExporter:
         updated in place between syncs, so their objects and storages normally stay the same.
         """
         if all(isinstance(c, torch.nn.Module) for c in self.chunks):
-            key = tuple(p.data_ptr() for c in self.chunks for p in c.parameters())
+            if self._params is None:  # walking the module tree each sync costs more than the key
+                self._params = [p for c in self.chunks for p in c.parameters()]
+            key = tuple(p.data_ptr() for p in self._params)
         else:  # duck-typed chunks (anything with state_dict): no cache
             key = object()
-        if getattr(self, "_local_key", None) != key:
+        if self._local_key != key:
             local = self._local_tensors()
             ptrs = {t.untyped_storage().data_ptr() for c in self.chunks
                     for t in c.state_dict(keep_vars=True).values() if isinstance(t, torch.Tensor)}
@@ -319,6 +477,9 @@ class WeightExporter:
         meta = self._metadata()
         local, model_ptrs = self._cached_local()
         self._device = next(iter(local.values())).device if local else torch.device("cpu")
+        if bucketed and self.fast_path and ps[0] == 1 and ps[3] == 1 and isinstance(self._local_key, tuple):
+            yield from self._stream_planned(local, start)
+            return
         ledger = _Ledger(model_ptrs)
         pending = _Held(model_ptrs)
         stats = ExportStats()
@@ -377,6 +538,42 @@ class WeightExporter:
         stats.peak_extra_bytes = max(stats.peak_extra_bytes, ledger.peak)
         stats.seconds = time.perf_counter() - start - paused
 
+    def _stream_planned(self, local, start: float) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        if self._plan is None or self._plan_key != self._local_key:
+            self._plan, self._plan_key = _Plan(self, local), self._local_key
+        stats = ExportStats(peak_extra_bytes=self._plan.peak_extra_bytes)
+        self.stats = stats
+        if self.checksum:
+            from verl_bridge.rollout.verify import tensor_checksums
+            self.checksums = {}
+        paused = 0.0
+        for b in self._plan.buckets:
+            items = list(b.items)
+            for g in b.staged:  # one buffer per dtype, split into the HF tensors, filled by one call
+                flat = torch.empty(sum(g.numels), dtype=g.dtype, device=self._device)
+                dsts = flat.split(g.piece_numels)
+                for pos, piece in g.strided:
+                    dsts[pos].view(piece.shape).copy_(piece)
+                for positions, srcs in g.by_src_dtype:
+                    torch._foreach_copy_(dsts if len(positions) == len(dsts) else [dsts[p] for p in positions], srcs)
+                for k, part, shape in zip(g.index, flat.split(g.numels), g.shapes):
+                    items[k] = (items[k][0], part.view(shape))
+                del flat, dsts
+            for k, name, j in b.recompute:  # a piece with no parameter slice (OPT's position rows)
+                t = mcore_to_hf(name, local[name], self.spec, self.dims, extras=self.hf_extras)[j][1]
+                items[k] = (items[k][0], t.to(self.dtype or t.dtype))
+            stats.buckets += 1
+            stats.tensors += len(items)
+            stats.bytes += b.nbytes
+            if self.checksum:
+                self.checksums.update(tensor_checksums(items))
+            stats.seconds = time.perf_counter() - start - paused
+            t0 = time.perf_counter()
+            yield items
+            paused += time.perf_counter() - t0
+            items.clear()  # as on the general path: the consumer's reference to the list holds nothing
+        stats.seconds = time.perf_counter() - start - paused
+
     def iter_buckets(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Lists of ``(hf_name, tensor)`` whose bytes stay within ``bucket_bytes`` (a larger tensor alone)."""
         return self._stream(bucketed=True)
@@ -385,6 +582,12 @@ class WeightExporter:
         """``(hf_name, full tensor)`` one at a time, on every rank (only one parameter in flight)."""
         for items in self._stream(bucketed=False):
             yield from items
+
+    def reset(self) -> None:
+        """Forget the cached parameter views and plan (they keep the parameters' storage alive):
+        call it after moving the model, e.g. offloading it, if the exporter outlives that storage."""
+        self._plan = self._plan_key = self._local_key = self._params = None
+        self.__dict__.pop("_local_cache", None)
 
     def largest_tensor_bytes(self) -> int:
         """Bytes of the largest full megatron tensor (the ``F`` of the memory bound)."""
@@ -397,5 +600,5 @@ class WeightExporter:
         return {n: t.clone() for n, t in self.iter_tensors()}
 
 
-__all__ = ["ExportStats", "WeightExporter"]
+__all__ = ["ExportStats", "WeightExporter", "assign_buckets"]
 

@@ -285,9 +285,14 @@ class VllmEngine:
 
     # -- weights -----------------------------------------------------------------------------
     def _exporter(self):
+        """One exporter for the engine's life: its metadata and (at TP=1, PP=1) its plan of
+        parameter views are built on the first sync and reused while the parameters stay put."""
         from verl_bridge.resharding.export import WeightExporter
 
-        return WeightExporter(self.actor, bucket_bytes=int(self.cfg.bucket_mb) << 20, vocab_size=self.vocab_size)
+        if getattr(self, "_weight_exporter", None) is None:
+            self._weight_exporter = WeightExporter(self.actor, bucket_bytes=int(self.cfg.bucket_mb) << 20,
+                                                   vocab_size=self.vocab_size)
+        return self._weight_exporter
 
     def sync_weights(self) -> None:
         if not self._awake:
@@ -343,11 +348,12 @@ class VllmEngine:
         """
         from megatron.core import parallel_state as mpu
 
-        from verl_bridge.rollout.verify import probe_sync
+        from verl_bridge.rollout.verify import probe_sync, resolve_threshold
 
         if mpu.model_parallel_is_initialized() and mpu.get_pipeline_model_parallel_world_size() > 1:
             return None
-        return probe_sync(self.actor, self.prompt_log_probs, threshold=self.cfg.verify_threshold,
+        return probe_sync(self.actor, self.prompt_log_probs,
+                          threshold=resolve_threshold(self.cfg.verify_threshold, self.actor),
                           vocab_size=self.vocab_size)
 
     # -- generation ------------------------------------------------------------------------------
