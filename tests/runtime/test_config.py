@@ -152,3 +152,21 @@ def test_ppo_without_a_critic_gets_the_actors_model_with_a_value_head():
                                                          "data.rollout_batch_size=64"])
     assert cfg.model.critic is not None and cfg.model.critic.type == "megatron"
     assert load_config(REPO / "templates" / "grpo.yaml").model.critic is None  # GRPO stays critic-free
+
+
+def test_verify_threshold_defaults_by_precision_and_must_be_positive():
+    import torch
+
+    from verl_bridge.rollout.verify import resolve_threshold
+
+    cfg = load_config(REPO / "templates" / "quickstart.yaml")
+    assert cfg.rollout.verify_threshold is None
+    assert load_config(REPO / "templates" / "quickstart.yaml",
+                       ["rollout.verify_threshold=0.05"]).rollout.verify_threshold == 0.05
+    with pytest.raises(ConfigError) as e:
+        load_config(REPO / "templates" / "quickstart.yaml", ["rollout.verify_threshold=0"])
+    assert "rollout.verify_threshold=0" in str(e.value) and "out of range" in str(e.value)
+    # unset: tight for fp32 weights, loose enough for bf16 (two correct kernel paths differ ~0.02)
+    assert resolve_threshold(None, torch.nn.Linear(2, 2)) == 1e-3
+    assert resolve_threshold(None, [torch.nn.Linear(2, 2).to(torch.bfloat16)]) == 0.1
+    assert resolve_threshold(0.5, torch.nn.Linear(2, 2)) == 0.5

@@ -159,7 +159,7 @@ class RolloutConfig:
     tp_size: Optional[int] = None  # vLLM only; defaults to the training TP size
     bucket_mb: int = 256
     verify_sync: bool = True
-    verify_threshold: float = 1e-3
+    verify_threshold: Optional[float] = None  # None: 1e-3 for fp32 weights, 0.1 for bf16/fp16 (rollout/verify.py)
     gpu_memory_utilization: float = 0.5
     eval_temperature: float = 0.0  # 0 = greedy decoding in evaluation
     compile_decode: bool = False  # native engine on CUDA: torch.compile the decode step before graph capture

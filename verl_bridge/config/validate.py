@@ -201,6 +201,7 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True) -> list
     _range(p, "rollout.top_p", r.top_p, lo=0.0, hi=1.0, lo_open=True)
     _range(p, "rollout.top_k", r.top_k, lo=0)
     _range(p, "rollout.bucket_mb", r.bucket_mb, lo=1)
+    _range(p, "rollout.verify_threshold", r.verify_threshold, lo=0.0, lo_open=True)
     _range(p, "rollout.tp_size", r.tp_size, lo=1)
     _range(p, "rollout.gpu_memory_utilization", r.gpu_memory_utilization, lo=0.0, hi=1.0, lo_open=True)
     if r.engine == "vllm" and check_paths and importlib.util.find_spec("vllm") is None:

@@ -242,6 +242,25 @@ def native_engine_log_probs(model, input_ids: torch.Tensor, vocab_size: Optional
     return _next_token_log_probs(logits, ids, vocab_size).cpu()
 
 
+# Default probe thresholds by the actor's parameter dtype. In fp32 two correct forward paths agree to
+# ~1e-5; in bf16 the fast decoder and megatron's module forward (different kernels, same weights)
+# differ by up to 0.02 in per-token log-probs on a 0.5B model (measured on an H200), while a
+# wrong or missing tensor moves them by whole units.
+DEFAULT_THRESHOLDS = {torch.float32: 1e-3, torch.float64: 1e-3}
+LOW_PRECISION_THRESHOLD = 0.1
+
+
+def resolve_threshold(configured: Optional[float], actor) -> float:
+    """``rollout.verify_threshold`` if set, else the default for the actor's parameter dtype."""
+    if configured is not None:
+        return float(configured)
+    from verl_bridge.compat import unwrap_model
+
+    chunk = unwrap_model(actor[0] if isinstance(actor, (list, tuple)) else actor)
+    dtype = next((p.dtype for p in chunk.parameters()), torch.float32)
+    return DEFAULT_THRESHOLDS.get(dtype, LOW_PRECISION_THRESHOLD)
+
+
 def probe_sync(actor, receiver_log_probs: Callable[[torch.Tensor], torch.Tensor], *, threshold: float,
                vocab_size: int, input_ids: Optional[torch.Tensor] = None,
                sender_checksums: Optional[Mapping[str, float]] = None,

@@ -324,8 +324,9 @@ class MegatronTrainer:
             metrics["critic_grad_norm"] = critic_stats.get("grad_norm", 0.0)
         self.engine.sync_weights()
         if self.config.rollout.verify_sync and self.config.rollout.engine == "native":  # rollout/verify.py
-            from verl_bridge.rollout.verify import verify_native_engine
-            verify_native_engine(self.roles.actor, threshold=self.config.rollout.verify_threshold, engine=self.engine)
+            from verl_bridge.rollout.verify import resolve_threshold, verify_native_engine
+            verify_native_engine(self.roles.actor, engine=self.engine,
+                                 threshold=resolve_threshold(self.config.rollout.verify_threshold, self.roles.actor))
         t_train = time.perf_counter() - t1
         mask = exp.response_mask
         metrics["reward_mean"] = float(exp.scores.mean())
