@@ -7,7 +7,8 @@ optimizer step per batch, lr 1e-6. Reward: a rule on the text (identical functio
 
 Each side runs ``--steps`` steps in its own subprocess of this one script run (so neither
 framework's process-group or allocator state leaks into the other); the first step is warm-up
-(graph capture, compilation) and the median of the rest is reported. ``tokens/s`` = sequences x
+(graph capture, compilation) and the median of the rest is reported. On CUDA ours runs twice:
+with the trainer's defaults (the headline) and with ``rollout.compile_decode: true``. ``tokens/s`` = sequences x
 (prompt + response) tokens / step time. ``ratio`` = ours / TRL. Also: MFU of our actor update,
 6 N T + 12 L h S T FLOPs over ``time_train_s``, against the bf16 matmul rate measured here.
 
@@ -54,7 +55,7 @@ def _write_prompts(path: Path, vocab: int, n: int, plen: int) -> None:
             f.write(json.dumps({"prompt": " ".join(f"w{i}" for i in ids), "answer": ""}) + "\n")
 
 
-def run_ours(model_dir: str, small: bool, steps: int) -> dict:
+def run_ours(model_dir: str, small: bool, steps: int, compile_decode: bool = False) -> dict:
     from transformers import PreTrainedTokenizerFast
 
     from verl_bridge import MegatronBridge, MegatronTrainer
@@ -72,7 +73,7 @@ def run_ours(model_dir: str, small: bool, steps: int) -> dict:
         "algorithm": {"name": "grpo", "group_size": w["GROUP"], "micro_batch_size": 16 if not small else 4,
                       "ppo_epochs": 1, "kl": {"coef": 0.0}},
         "optim": {"actor": {"lr": 1e-6}},
-        "rollout": {"temperature": 1.0},
+        "rollout": {"temperature": 1.0, "compile_decode": compile_decode},
     }
     config = load_config(cfg)
     config.source_dir = str(ROOT)
@@ -125,7 +126,8 @@ def run_trl(model_dir: str, small: bool, steps: int) -> dict:
 
 
 def _child(side: str, model_dir: str, small: bool, steps: int, out: str) -> None:
-    res = run_ours(model_dir, small, steps) if side == "ours" else run_trl(model_dir, small, steps)
+    res = (run_trl(model_dir, small, steps) if side == "trl" else
+           run_ours(model_dir, small, steps, compile_decode=side == "ours_compiled"))
     Path(out).write_text(json.dumps(res, default=float))
 
 
@@ -133,7 +135,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--child", choices=["ours", "trl"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["ours", "ours_compiled", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -150,7 +152,8 @@ def main(argv=None) -> int:
     seqs = w["PROMPTS"] * w["GROUP"]
     results, baseline = {}, {}
     side_out = {}
-    for side in ("ours", "trl"):
+    # ours with the trainer's defaults, then with rollout.compile_decode (CUDA only), then TRL
+    for side in ("ours", "ours_compiled", "trl") if dev.type == "cuda" else ("ours", "trl"):
         out = Path(model_dir) / f"{side}.json"
         cmd = [sys.executable, __file__, "--child", side, "--model-dir", model_dir, "--out", str(out),
                "--steps", str(args.steps)] + (["--small"] if small else [])
@@ -160,11 +163,13 @@ def main(argv=None) -> int:
             capture_output=True, text=True)
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
-            (results if side == "ours" else baseline)["error"] = proc.stderr[-1500:]
+            (baseline if side == "trl" else results)[
+                "error_compile_decode" if side == "ours_compiled" else "error"] = proc.stderr[-1500:]
             print(proc.stderr[-4000:], file=sys.stderr)
             continue
         side_out[side] = json.loads(out.read_text())
-        (results if side == "ours" else baseline)["process_wall_s"] = wall
+        (baseline if side == "trl" else results)[
+            "compile_decode_process_wall_s" if side == "ours_compiled" else "process_wall_s"] = wall
 
     if "ours" in side_out:
         hist = side_out["ours"]["history"][1:] or side_out["ours"]["history"]
@@ -184,6 +189,12 @@ def main(argv=None) -> int:
             peak = C.matmul_tflops(dev, 8192)
             results.update(update_tflops=flops / train / 1e12, matmul_peak_tflops=peak,
                            mfu=flops / train / 1e12 / peak, flops_formula="6*N*T + 12*L*h*S*T, N = matmul params")
+    if "ours_compiled" in side_out:
+        hist = side_out["ours_compiled"]["history"][1:] or side_out["ours_compiled"]["history"]
+        step = statistics.median(h["time_step_s"] for h in hist)
+        results.update(compile_decode_step_s=step,
+                       compile_decode_rollout_s=statistics.median(h["time_rollout_s"] for h in hist),
+                       compile_decode_tokens_per_s=seqs * (w["P"] + w["R"]) / step)
     if "trl" in side_out:
         times = side_out["trl"]["step_times"]
         t = statistics.median(times[1:] or times)
