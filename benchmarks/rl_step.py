@@ -171,11 +171,14 @@ def main(argv=None) -> int:
         (baseline if side == "trl" else results)[
             "compile_decode_process_wall_s" if side == "ours_compiled" else "process_wall_s"] = wall
 
+    def medians(side: str) -> tuple[float, float, float, list]:
+        """Median step, rollout and update seconds over the steps after the warm-up one."""
+        hist = side_out[side]["history"][1:] or side_out[side]["history"]
+        return (*(statistics.median(h[k] for h in hist) for k in ("time_step_s", "time_rollout_s", "time_train_s")),
+                hist)
+
     if "ours" in side_out:
-        hist = side_out["ours"]["history"][1:] or side_out["ours"]["history"]
-        step = statistics.median(h["time_step_s"] for h in hist)
-        train = statistics.median(h["time_train_s"] for h in hist)
-        roll = statistics.median(h["time_rollout_s"] for h in hist)
+        step, roll, train, hist = medians("ours")
         resp = statistics.mean(h["response_length"] for h in hist)
         results.update(step_s=step, rollout_s=roll, train_s=train, mean_response_length=resp,
                        tokens_per_s=seqs * (w["P"] + w["R"]) / step,
@@ -190,10 +193,8 @@ def main(argv=None) -> int:
             results.update(update_tflops=flops / train / 1e12, matmul_peak_tflops=peak,
                            mfu=flops / train / 1e12 / peak, flops_formula="6*N*T + 12*L*h*S*T, N = matmul params")
     if "ours_compiled" in side_out:
-        hist = side_out["ours_compiled"]["history"][1:] or side_out["ours_compiled"]["history"]
-        step = statistics.median(h["time_step_s"] for h in hist)
-        results.update(compile_decode_step_s=step,
-                       compile_decode_rollout_s=statistics.median(h["time_rollout_s"] for h in hist),
+        step, roll, _, _ = medians("ours_compiled")
+        results.update(compile_decode_step_s=step, compile_decode_rollout_s=roll,
                        compile_decode_tokens_per_s=seqs * (w["P"] + w["R"]) / step)
     if "trl" in side_out:
         times = side_out["trl"]["step_times"]

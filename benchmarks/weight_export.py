@@ -79,17 +79,15 @@ def main(argv=None) -> int:
                 n += t.numel() * t.element_size()
         return n
 
+    variants = {"fast": (ex, batched), "fast_per_tensor": (ex, per_tensor), "general": (general, per_tensor)}
     checks = {}
-    for label, exporter, consume in (("fast", ex, batched), ("fast_per_tensor", ex, per_tensor),
-                                     ("general", general, per_tensor)):
+    for label, (exporter, consume) in variants.items():
         for t in dst.values():
             t.fill_(float("nan"))
         total = consume(exporter)  # warm-up (builds the fast path's plan), and the correctness check
         checks[label] = dict(missing=sorted(set(dst) - set(exporter.hf_names())),
                              wrong=[n for n in dst if n in expected and not torch.equal(dst[n], expected[n])][:10])
-    times = {label: C.timed(lambda e=e, f=f: f(e), dev, repeat=10)
-             for label, e, f in (("fast", ex, batched), ("fast_per_tensor", ex, per_tensor),
-                                 ("general", general, per_tensor))}
+    times = {label: C.timed(lambda e=e, f=f: f(e), dev, repeat=10) for label, (e, f) in variants.items()}
     t = times["fast"]
     export_bps = total / t
     copy_bps = C.copy_bandwidth(dev, total)

@@ -136,6 +136,6 @@ def test_mixed_source_dtypes_cast_in_one_bucket(tmp_path, parallel):
         layer.input_layernorm.weight.data = layer.input_layernorm.weight.data.float()
     fast = WeightExporter(model, vocab_size=HF_VOCAB, bucket_bytes=1 << 30, dtype=torch.bfloat16)
     got, st = _stream(fast)
-    assert st.buckets == 1 and len(fast._plan.buckets[0].staged[0].by_src_dtype) == 2
+    assert st.buckets == 1 and len(fast._plan.buckets[0].staged[0].by_src_dtype) == 2  # bf16 weights and fp32 norms
     for n, t, _ in got[0]:
         assert t.dtype == torch.bfloat16 and torch.equal(t, ref[n].to(torch.bfloat16)), n

@@ -31,8 +31,7 @@ def split_qkv_grouped(qkv: torch.Tensor, num_heads: int, num_groups: int) -> tup
     rest = tuple(qkv.shape[1:])
     per_group = num_heads // num_groups
     head_dim = qkv.shape[0] // (num_heads + 2 * num_groups)
-    g = qkv.view(num_groups, (per_group + 2) * head_dim, *rest) if qkv.is_contiguous() else \
-        qkv.reshape(num_groups, (per_group + 2) * head_dim, *rest)
+    g = qkv.reshape(num_groups, (per_group + 2) * head_dim, *rest)  # a view when qkv is contiguous
     q, k, v = torch.split(g, [per_group * head_dim, head_dim, head_dim], dim=1)
     return q, k, v
 

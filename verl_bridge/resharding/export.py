@@ -44,6 +44,7 @@ collectives); the stream can be iterated again after every training step.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Iterator, Optional, Union
@@ -203,18 +204,8 @@ class _Staged:
     numels: list  # per copied HF tensor
     shapes: list  # HF shapes
     piece_numels: list  # per piece, in buffer order
-    piece_srcs: list  # flat contiguous parameter slices (None for a strided piece)
+    by_src_dtype: dict  # source dtype -> ([piece positions], [flat contiguous slices]): one copy call each
     strided: list  # (piece position, strided parameter view)
-    by_src_dtype: list = None  # [(piece positions, flat slices)] per source dtype: the fast kernel needs one
-
-    def group(self) -> None:
-        groups: dict = {}
-        for pos, src in enumerate(self.piece_srcs):
-            if src is not None:
-                ps, ss = groups.setdefault(src.dtype, ([], []))
-                ps.append(pos)
-                ss.append(src)
-        self.by_src_dtype = list(groups.values())
 
 
 @dataclass
@@ -251,10 +242,9 @@ class _Plan:
                 view = _as_view(part, shape) if shares and part.dtype == dt else None
                 kind = "view" if view is not None else "copy" if shares else "recompute"
                 conv.append((kind, hf_name, view if view is not None else part, shape, dt))
-            size = torch.empty((), dtype=dt).element_size()
             convs.append((name, conv))
             entries.append((ex._full_bytes(name, tuple(src.shape), src.dtype, 1),
-                            [_numel(shape) * size for *_, shape, _dt in conv]))
+                            [math.prod(shape) * dt.itemsize for *_, shape, _dt in conv]))
         self.buckets: list[_PlannedBucket] = []
         for members in assign_buckets(entries, ex.bucket_bytes):
             items, staged, recompute, nbytes, extra = [], {}, [], 0, 0
@@ -264,32 +254,24 @@ class _Plan:
                 nbytes += entries[i][1][j]
                 items.append((hf_name, t if kind == "view" else None))
                 if kind == "copy":
-                    g = staged.setdefault(dt, _Staged(dt, [], [], [], [], [], []))
+                    g = staged.setdefault(dt, _Staged(dt, [], [], [], [], {}, []))
                     g.index.append(len(items) - 1)
-                    g.numels.append(_numel(shape))
+                    g.numels.append(math.prod(shape))
                     g.shapes.append(shape)
                     for piece in _pieces(t):
                         if piece.is_contiguous():
-                            g.piece_srcs.append(piece.view(-1))
+                            positions, srcs = g.by_src_dtype.setdefault(piece.dtype, ([], []))
+                            positions.append(len(g.piece_numels))
+                            srcs.append(piece.view(-1))
                         else:
-                            g.piece_srcs.append(None)
                             g.strided.append((len(g.piece_numels), piece))
                         g.piece_numels.append(piece.numel())
                     extra += entries[i][1][j]
                 elif kind == "recompute":
                     recompute.append((len(items) - 1, name, j))
                     extra += entries[i][1][j]
-            for g in staged.values():
-                g.group()
             self.peak_extra_bytes = max(self.peak_extra_bytes, extra)
             self.buckets.append(_PlannedBucket(items, list(staged.values()), recompute, nbytes))
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _as_view(part: torch.Tensor, shape) -> Optional[torch.Tensor]:
@@ -422,13 +404,8 @@ class WeightExporter:
 
     # ---- streaming ------------------------------------------------------------------------
     def _full_bytes(self, name: str, shape, dt, tp_size: int) -> int:
-        n = 1
-        for s in shape:
-            n *= s
-        if tp_split_dim(name) is not None:
-            n *= tp_size
-        esize = torch.empty((), dtype=self.dtype or dt).element_size()
-        return n * esize
+        n = math.prod(shape) * (tp_size if tp_split_dim(name) is not None else 1)
+        return n * (self.dtype or dt).itemsize
 
     def _convert(self, name, local, meta, ps, ledger, held) -> list[tuple[str, torch.Tensor]]:
         tp_size, tp_rank, tp_group, pp_size, pp_rank, pp_group, pp_ranks = ps
@@ -554,7 +531,7 @@ class WeightExporter:
                 dsts = flat.split(g.piece_numels)
                 for pos, piece in g.strided:
                     dsts[pos].view(piece.shape).copy_(piece)
-                for positions, srcs in g.by_src_dtype:
+                for positions, srcs in g.by_src_dtype.values():
                     torch._foreach_copy_(dsts if len(positions) == len(dsts) else [dsts[p] for p in positions], srcs)
                 for k, part, shape in zip(g.index, flat.split(g.numels), g.shapes):
                     items[k] = (items[k][0], part.view(shape))
