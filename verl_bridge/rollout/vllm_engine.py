@@ -238,7 +238,6 @@ class VllmEngine:
 
         self.actor = actor
         self.cfg = rollout_cfg
-        self._weight_exporter = None  # built on the first sync (see _exporter)
         self.vocab_size = vocab_size
         self.sleep_level = sleep_level
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -290,7 +289,7 @@ class VllmEngine:
         parameter views are built on the first sync and reused while the parameters stay put."""
         from verl_bridge.resharding.export import WeightExporter
 
-        if self._weight_exporter is None:
+        if getattr(self, "_weight_exporter", None) is None:  # tests build the engine without __init__
             self._weight_exporter = WeightExporter(self.actor, bucket_bytes=int(self.cfg.bucket_mb) << 20,
                                                    vocab_size=self.vocab_size)
         return self._weight_exporter
