@@ -55,3 +55,34 @@ def test_unknown_name_is_value_and_key_error_with_plain_message():
         assert isinstance(err, ValueError)
         assert str(err) == "unknown KL estimator 'k9'; allowed: k1, k2, k3"
     assert KL_ESTIMATORS.get("k9") is None and "k9" not in KL_ESTIMATORS
+
+
+def test_algorithm_specs_name_registered_functions():
+    from verl_bridge.algorithms import ALGORITHMS, POLICY_LOSSES
+
+    assert list(ALGORITHMS) == ["ppo", "grpo", "rloo", "reinforce_plus_plus"]
+    for spec in ALGORITHMS.values():
+        assert spec.advantage in ADVANTAGE_ESTIMATORS and spec.policy_loss in POLICY_LOSSES
+        assert spec.needs_critic == needs_critic(spec.advantage), spec.name
+
+
+def test_validator_and_trainer_read_the_same_algorithm_spec():
+    """A spec registered once is accepted by the validator, with its own group-size and KL rules."""
+    from verl_bridge.algorithms import ALGORITHMS, AlgorithmSpec, register_algorithm
+    from verl_bridge.config import ConfigError, load_config
+    from verl_bridge.runtime.trainer import MegatronTrainer
+
+    spec = register_algorithm(AlgorithmSpec("test_grpo3", advantage="grpo", min_group_size=3,
+                                            kl_placements=("loss",)))
+    try:
+        base = ["model.actor.args.preset=tiny", "algorithm.name=test_grpo3", "algorithm.kl.placement=loss"]
+        cfg = load_config(None, base + ["algorithm.group_size=3", "algorithm.mini_batch_size=96",
+                                        "algorithm.micro_batch_size=32"])
+        assert MegatronTrainer(cfg).spec is spec
+        with pytest.raises(ConfigError) as err:
+            load_config(None, base + ["algorithm.group_size=2", "algorithm.kl.placement=reward"])
+        assert "algorithm.group_size=2: algorithm.name='test_grpo3' compares responses within a group and needs " \
+               "group_size >= 3" in str(err.value)
+        assert "algorithm.kl.placement='reward': unknown name; allowed: loss" in str(err.value)
+    finally:
+        ALGORITHMS.pop("test_grpo3")

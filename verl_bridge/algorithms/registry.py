@@ -1,7 +1,9 @@
-"""Name -> function registries for advantage estimators, policy losses and KL estimators.
+"""Name -> function registries for advantage estimators, policy losses and KL estimators, and the
+algorithm specs (``algorithm.name`` -> :class:`AlgorithmSpec`).
 
 The trainer looks algorithms up by the names in its config (``algorithm.name``,
-``algorithm.kl.estimator``). A registry is a plain ``dict``; looking up a name that is not
+``algorithm.kl.estimator``); the config validator reads the same :data:`ALGORITHMS` registry
+(this module imports no torch, so validation stays light). A registry is a plain ``dict``; looking up a name that is not
 registered raises :class:`UnknownNameError` (both a ``ValueError`` and a ``KeyError``) whose
 message lists the registered names, so a typo in a config reads as one clear sentence.
 
@@ -14,6 +16,7 @@ Adding an algorithm is one decorated function::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, TypeVar
 
 F = TypeVar("F", bound=Callable)
@@ -41,7 +44,8 @@ class Registry(dict):
     def register(self, name: str) -> Callable[[F], F]:
         def decorator(fn: F) -> F:
             if name in self and self[name] is not fn:
-                raise ValueError(f"{self.kind} {name!r} is already registered as {self[name].__qualname__}")
+                raise ValueError(f"{self.kind} {name!r} is already registered as "
+                                 f"{getattr(self[name], '__qualname__', self[name])!r}")
             self[name] = fn
             return fn
 
@@ -88,3 +92,37 @@ def register_kl(name: str) -> Callable[[F], F]:
 def needs_critic(name: str) -> bool:
     """True when the advantage estimator ``name`` needs a critic (value model): only ``"gae"``."""
     return name in ADVANTAGE_ESTIMATORS and name in _CRITIC_ESTIMATORS
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """What ``algorithm.name`` means: the estimator, the policy loss, and what the config must allow.
+
+    ``advantage`` and ``policy_loss`` are names in :data:`ADVANTAGE_ESTIMATORS` and
+    :data:`POLICY_LOSSES`; ``needs_critic`` says the estimator reads a value model (the validator
+    asks for ``model.critic``); ``kl_placements`` are the allowed ``algorithm.kl.placement``
+    values; ``min_group_size`` is the smallest ``algorithm.group_size`` the estimator works with.
+    """
+
+    name: str
+    advantage: str
+    needs_critic: bool = False
+    policy_loss: str = "ppo"
+    kl_placements: tuple[str, ...] = ("reward", "loss")
+    min_group_size: int = 1
+
+
+ALGORITHMS: Registry = Registry("algorithm")
+
+
+def register_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:
+    """Register ``spec`` under ``spec.name`` (``algorithm.name`` in a config)."""
+    ALGORITHMS.register(spec.name)(spec)
+    return spec
+
+
+# the shipped algorithms; the functions they name are registered by advantages.py and losses.py
+register_algorithm(AlgorithmSpec("ppo", advantage="gae", needs_critic=True))
+register_algorithm(AlgorithmSpec("grpo", advantage="grpo", min_group_size=2))
+register_algorithm(AlgorithmSpec("rloo", advantage="rloo", min_group_size=2))
+register_algorithm(AlgorithmSpec("reinforce_plus_plus", advantage="reinforce_plus_plus"))

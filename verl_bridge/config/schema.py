@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce_plus_plus")
 ENGINES = ("native", "vllm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 KL_PLACEMENTS = ("reward", "loss")

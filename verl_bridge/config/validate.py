@@ -11,6 +11,7 @@ import importlib.util
 import os
 import sys
 
+from verl_bridge.algorithms.registry import ALGORITHMS
 from verl_bridge.config import schema as S
 from verl_bridge.config.schema import Config
 
@@ -115,7 +116,8 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True) -> list
         p.append(f"trainer.resume={t.resume!r}: expected auto, never, or an existing checkpoint path")
 
     # --- algorithm
-    _choice(p, "algorithm.name", a.name, S.ALGORITHMS)
+    _choice(p, "algorithm.name", a.name, tuple(ALGORITHMS))
+    spec = ALGORITHMS.get(a.name)
     _range(p, "algorithm.gamma", a.gamma, 0.0, 1.0)
     _range(p, "algorithm.lam", a.lam, 0.0, 1.0)
     _range(p, "algorithm.clip_ratio", a.clip_ratio, lo=0.0, lo_open=True)
@@ -131,13 +133,13 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True) -> list
     _range(p, "algorithm.group_size", a.group_size, lo=1)
     _choice(p, "algorithm.loss_agg_mode", a.loss_agg_mode, S.LOSS_AGG_MODES)
     _choice(p, "algorithm.kl.estimator", a.kl.estimator, S.KL_ESTIMATORS)
-    _choice(p, "algorithm.kl.placement", a.kl.placement, S.KL_PLACEMENTS)
+    _choice(p, "algorithm.kl.placement", a.kl.placement, spec.kl_placements if spec else S.KL_PLACEMENTS)
     _range(p, "algorithm.kl.coef", a.kl.coef, lo=0.0)
     _range(p, "algorithm.kl.target", a.kl.target, lo=0.0, lo_open=True)
     _range(p, "algorithm.kl.horizon", a.kl.horizon, lo=1)
-    if a.name in ("grpo", "rloo") and isinstance(a.group_size, int) and a.group_size < 2:
+    if spec and isinstance(a.group_size, int) and a.group_size < spec.min_group_size:
         p.append(f"algorithm.group_size={a.group_size}: algorithm.name={a.name!r} compares responses "
-                 "within a group and needs group_size >= 2")
+                 f"within a group and needs group_size >= {spec.min_group_size}")
 
     # --- batch arithmetic
     _range(p, "data.rollout_batch_size", d.rollout_batch_size, lo=1)
