@@ -44,7 +44,8 @@ def _reward_model_run(out_dir):
     if pl.is_reward_rank:
         return {"role": "reward", "served": pl.served, "dp": trainer.layout.dp_size}
     # colocated scoring of the same samples: the same reward model built on the actor's own ranks
-    scorer = build_scorer(trainer)
+    scorer = build_scorer(cfg, bridge=trainer.bridge, device=trainer.device, reward_fn=trainer.reward_fn,
+                          tokenizer=trainer.tokenizer)
     local = [scorer(ids, mask, plen, None) for ids, mask, plen, _ in pl.scored]
     # plain lists: tensors shared through multiprocessing die with the worker process
     return {"role": "actor", "dp": trainer.layout.dp_size,
@@ -66,7 +67,7 @@ def _reward_function_run():
     if pl.is_reward_rank:
         return {"role": "reward", "served": pl.served}
     # the trainer's colocated reward path on the same samples: decode, then the task's reward function
-    _, _, truths = trainer._prompts_for_step(trainer.step)
+    _, truths = trainer.prompts.for_step(trainer.step, trainer.layout.dp_rank, trainer.layout.dp_size)
     remote, local = [], []
     for ids, mask, plen, scores in pl.scored:
         resp, m = ids[:, plen:], mask[:, plen:]

@@ -3,7 +3,6 @@
 import json
 import random
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -25,24 +24,24 @@ def _train_with_eval(rank, world_size, out):
 
     from verl_bridge.config import load_config
     from verl_bridge.rollout.base import SamplingParams
-    from verl_bridge.runtime.evaluation import eval_samples, evaluate
+    from verl_bridge.rollout.producer import FunctionReward
     from verl_bridge.runtime.trainer import MegatronTrainer
 
     cfg = load_config(REPO / "templates" / "grpo.yaml", _overrides(out), world_size=world_size)
     trainer = MegatronTrainer(cfg)
     history = trainer.train()
     # greedy (eval_temperature 0): the same generations whatever the seed, hence the same metrics
-    again = [evaluate(trainer, 3), evaluate(trainer, 4)]
-    ids = [trainer.tokenizer.encode(p) for p, _ in eval_samples(trainer)]
+    again = [trainer.evaluate(3), trainer.evaluate(4)]
+    ids = [trainer.tokenizer.encode(p) for p, _ in trainer.eval_prompts()]
     params = SamplingParams(max_new_tokens=2, temperature=0.0, eos_token_id=14, pad_token_id=12)
     g1 = trainer.engine.generate(ids, params, seed=1).response_ids
     g2 = trainer.engine.generate(ids, params, seed=2).response_ids
     # scores that are not all 0/1: no accuracy
-    trainer.reward_fn = lambda response, truth: 0.5
-    non_binary = evaluate(trainer, 3)
+    trainer.producer.reward = FunctionReward(lambda response, truth: 0.5, trainer.tokenizer)
+    non_binary = trainer.evaluate(3)
     training_streams = [trainer.task.sample(random.Random(cfg.trainer.seed * 1_000_003 + s), 8) for s in (1, 2, 3)]
     return dict(history=history, again=again, same_greedy=bool(torch.equal(g1, g2)), non_binary=non_binary,
-                eval_prompts=eval_samples(trainer), training_streams=training_streams)
+                eval_prompts=trainer.eval_prompts(), training_streams=training_streams)
 
 
 def test_eval_metrics_at_the_right_steps_and_plot(tmp_path):
@@ -102,7 +101,7 @@ def test_plot_without_eval_keeps_four_panels():
 
 def _eval_dp2(rank, world_size):
     from verl_bridge.config import load_config
-    from verl_bridge.runtime.evaluation import eval_samples, evaluate
+    from verl_bridge.rollout.producer import FunctionReward
     from verl_bridge.runtime.trainer import MegatronTrainer
 
     cfg = load_config(REPO / "templates" / "grpo.yaml",
@@ -111,7 +110,7 @@ def _eval_dp2(rank, world_size):
     trainer = MegatronTrainer(cfg)
     trainer.setup()
     # each rank scores its own chunk with a reward that reveals which prompt it saw
-    samples = eval_samples(trainer)
+    samples = trainer.eval_prompts()
     index = {p: i for i, (p, _) in enumerate(samples)}
     seen = []
 
@@ -119,8 +118,8 @@ def _eval_dp2(rank, world_size):
         seen.append(truth)
         return float(len(seen) == 1 and rank == 0)  # rank 0's first sample scores 1, all else 0
 
-    trainer.reward_fn = reward
-    return evaluate(trainer, 1), len(seen), len(index)
+    trainer.producer.reward = FunctionReward(reward, trainer.tokenizer)
+    return trainer.evaluate(1), len(seen), len(index)
 
 
 def _two_rank_runs(rank, world_size):
@@ -149,20 +148,21 @@ def test_eval_is_exact_mean_over_dp_ranks(two_rank_runs):
 
 def test_eval_files_give_the_first_eval_samples_rows():
     from verl_bridge.config import load_config
-    from verl_bridge.runtime.evaluation import _my_chunk, eval_samples
+    from verl_bridge.data.prompts import eval_samples
+    from verl_bridge.runtime.evaluation import split_for_rank
 
     cfg = load_config(None, ["model.actor.args.preset=tiny", f"data.eval_files={SAMPLE}", "data.eval_samples=4",
                              "data.prompt_key=question", "trainer.eval_every=1"])
-    samples = eval_samples(SimpleNamespace(config=cfg, task=None))
+    samples = eval_samples(cfg, task=None)
     lines = [json.loads(x) for x in SAMPLE.read_text().splitlines()]
     assert [p for p, _ in samples] == [r["question"] for r in lines[:4]]
     assert samples[3][1].extra["index"] == 3
-    assert [_my_chunk(list(range(7)), 3, r) for r in range(3)] == [[0, 1, 2], [3, 4], [5, 6]]
+    assert [split_for_rank(list(range(7)), 3, r) for r in range(3)] == [[0, 1, 2], [3, 4], [5, 6]]
 
 
 def _eval_with_reward_group(rank, world_size):
     from verl_bridge.config import load_config
-    from verl_bridge.runtime.evaluation import evaluate
+    from verl_bridge.rollout.producer import FunctionReward
     from verl_bridge.runtime.trainer import MegatronTrainer
 
     cfg = load_config(REPO / "templates" / "grpo.yaml", _overrides(
@@ -174,8 +174,8 @@ def _eval_with_reward_group(rank, world_size):
     if trainer.placement.is_reward_rank:
         return {"role": "reward", "served": trainer.placement.served}
     # the same evaluation scored here with the task's function: the model has not changed since step 1
-    trainer.placement = None
-    return {"role": "actor", "history": history, "local": evaluate(trainer, 1)}
+    trainer.producer.reward = FunctionReward(trainer.reward_fn, trainer.tokenizer)
+    return {"role": "actor", "history": history, "local": trainer.evaluate(1)}
 
 
 def test_eval_scores_through_a_reward_group_on_its_own_ranks(two_rank_runs):

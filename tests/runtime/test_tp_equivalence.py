@@ -9,6 +9,7 @@ QUICKSTART = "templates/quickstart.yaml"
 
 def _first_step(rank, world_size, tp):
     from verl_bridge.config import load_config
+    from verl_bridge.runtime.experience import compute_log_probs, compute_values
     from verl_bridge.runtime.trainer import MegatronTrainer
 
     cfg = load_config(QUICKSTART, [f"trainer.args.tp_size={tp}", "trainer.output_dir=null",
@@ -17,8 +18,10 @@ def _first_step(rank, world_size, tp):
     trainer = MegatronTrainer(cfg)
     trainer.setup()
     exp = trainer.rollout(1)
-    lp, ent = trainer._compute_log_probs(trainer.roles.actor, exp, with_entropy=True)
-    values = trainer._compute_values(exp)
+    sizes = dict(pp_size=trainer.layout.pp_size, micro_batch_size=cfg.algorithm.micro_batch_size)
+    lp, ent = compute_log_probs(trainer.roles.actor, exp, temperature=cfg.rollout.temperature, with_entropy=True,
+                                **sizes)
+    values = compute_values(trainer.roles.critic, exp, **sizes)
     return {"response_ids": exp.response_ids, "log_probs": lp, "entropy": ent, "values": values,
             "mask": exp.response_mask}
 

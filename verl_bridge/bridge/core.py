@@ -73,7 +73,6 @@ class MegatronBridge:
         self._tokenizer = tokenizer
         self.layout = None
         self.reused_groups = False
-        self._rows: Optional[list[tuple[str, str]]] = None  # data.train_files, read on first use
 
     def load_config(self, source, overrides: Optional[list[str]] = None, **kwargs) -> Config:
         """Load and validate *source* for this bridge's Python hooks, and keep it as ``self.config``.
@@ -180,15 +179,6 @@ class MegatronBridge:
         self._tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         return self._tokenizer, None
 
-    def sample_prompts(self, task, rng, n: int) -> list[tuple[str, str]]:
-        if task is not None:
-            return task.sample(rng, n)
-        from verl_bridge.data import load_prompt_file
-
-        if self._rows is None:
-            self._rows = load_prompt_file(self.config)
-        return [self._rows[rng.randrange(len(self._rows))] for _ in range(n)]
-
     def reward_fn(self, task) -> Callable[[str, str], float]:
         cfg = self.config
         if cfg.model.reward.type == "function" and cfg.model.reward.args.path:
@@ -202,7 +192,8 @@ class MegatronBridge:
         raise BridgeError("no reward: set model.reward.args.path ('module:function') or a built-in data.task")
 
     # ------------------------------------------------------------------ models
-    def _vocab_and_length(self) -> tuple[int, int]:
+    def vocab_and_length(self) -> tuple[int, int]:
+        """(vocab size, max sequence length) of the tiny preset models."""
         cfg = self.config
         return 16, cfg.data.max_prompt_length + cfg.data.max_response_length + 8
 
@@ -216,7 +207,7 @@ class MegatronBridge:
         elif args.preset == "tiny":
             from verl_bridge.models.tiny import tiny_model_provider
 
-            vocab, length = self._vocab_and_length()
+            vocab, length = self.vocab_and_length()
             fn = tiny_model_provider(args, vocab, length, cfg.trainer.precision,
                                      tp_size=self.layout.tp_size, sequence_parallel=cfg.trainer.args.sequence_parallel)
         elif args.model_name_or_path:
@@ -274,7 +265,7 @@ class MegatronBridge:
     def build_roles(self):
         from verl_bridge.runtime.optimizer import build_optimizer
         from verl_bridge.runtime.roles import frozen_copy, to_critic
-        from verl_bridge.runtime.trainer import Roles
+        from verl_bridge.runtime.roles import Roles
 
         cfg = self.config
         build = self.actor_builder()

@@ -84,7 +84,7 @@ def _provider(bridge, args):
     if args.preset == "tiny":
         from verl_bridge.models.tiny import tiny_model_provider
 
-        vocab, length = bridge._vocab_and_length()
+        vocab, length = bridge.vocab_and_length()
         return tiny_model_provider(args, vocab, length, cfg.trainer.precision, tp_size=bridge.layout.tp_size)
     if args.model_name_or_path:
         from verl_bridge.arch import hf_model_provider
@@ -125,14 +125,13 @@ def build_reward_model(bridge) -> torch.nn.Module:
     return model
 
 
-def build_scorer(trainer) -> Callable:
-    """The reward scorer for ``trainer``'s config, built on the calling rank's group."""
-    cfg = trainer.config
-    r = cfg.model.reward
+def build_scorer(config, *, bridge, device: torch.device, reward_fn: Optional[Callable], tokenizer) -> Callable:
+    """The reward scorer for ``config``, built on the calling rank's group."""
+    r = config.model.reward
     if r.type == "model":
         if r.args.path:
             from verl_bridge.rewards.loading import resolve_callable
 
-            return CallableScorer(resolve_callable(r.args.path, cfg.source_dir, what="model.reward.args.path")())
-        return ModelScorer(build_reward_model(trainer.bridge), trainer.device, offload=r.args.offload)
-    return FunctionScorer(trainer.reward_fn, trainer.tokenizer)
+            return CallableScorer(resolve_callable(r.args.path, config.source_dir, what="model.reward.args.path")())
+        return ModelScorer(build_reward_model(bridge), device, offload=r.args.offload)
+    return FunctionScorer(reward_fn, tokenizer)

@@ -9,7 +9,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Optional
+
 import torch
+
+
+@dataclass
+class Roles:
+    """The models of one run on this rank (what :meth:`verl_bridge.MegatronBridge.build_roles` returns)."""
+
+    actor: torch.nn.Module
+    actor_optimizer: Any
+    reference: Optional[torch.nn.Module]
+    critic: Optional[torch.nn.Module]
+    critic_optimizer: Any
 
 
 class ValueHead(torch.nn.Module):

@@ -1,0 +1,90 @@
+"""Make experience: what the update needs beyond the rollout, computed without gradients.
+
+    rollout Experience ─▶ actor forward  ─▶ old log-probs (+ entropy metric)
+                       ─▶ critic forward ─▶ values                      (when there is a critic)
+                       ─▶ reference fwd  ─▶ reference log-probs, KL     (when there is a reference)
+    scores (+ KL in the reward) ─▶ token rewards ─▶ advantages, returns (the algorithm's estimator)
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from verl_bridge import algorithms as A
+from verl_bridge.algorithms.registry import AlgorithmSpec
+from verl_bridge.runtime.batch import Experience
+from verl_bridge.runtime.forward import forward_micro_batches, response_logits, response_values
+from verl_bridge.runtime.logprobs import token_entropy, token_log_probs
+from verl_bridge.runtime.state import TrainerState
+
+
+def compute_log_probs(model, exp: Experience, *, pp_size: int, temperature: float, micro_batch_size: int,
+                      with_entropy: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Per-token log-probs ``[B, R]`` of ``exp``'s responses under ``model`` (and the entropy when asked)."""
+    def loss_fn(mb, output):
+        logits = response_logits(output, mb, temperature)
+        lp = token_log_probs(logits, mb.response_ids)
+        out = {"log_probs": lp.detach()}
+        if with_entropy:
+            out["entropy"] = token_entropy(logits).detach()
+        return torch.zeros(()), out
+
+    with torch.no_grad():
+        res = forward_micro_batches(model, exp.micro_batches(micro_batch_size), loss_fn, pp_size=pp_size,
+                                    forward_only=True)
+    lp = torch.cat([r["log_probs"] for r in res])
+    ent = torch.cat([r["entropy"] for r in res]) if with_entropy else None
+    return lp, ent
+
+
+def compute_values(critic, exp: Experience, *, pp_size: int, micro_batch_size: int) -> torch.Tensor:
+    """The critic's values ``[B, R]`` over ``exp``'s responses."""
+    def loss_fn(mb, output):
+        return torch.zeros(()), {"values": response_values(output, mb).detach()}
+
+    with torch.no_grad():
+        res = forward_micro_batches(critic, exp.micro_batches(micro_batch_size), loss_fn, pp_size=pp_size,
+                                    forward_only=True)
+    return torch.cat([r["values"] for r in res])
+
+
+def make_experience(exp: Experience, state: TrainerState, spec: AlgorithmSpec) -> dict[str, float]:
+    """Fill ``exp.tensors`` (old_log_probs, values, ref_log_probs, advantages, returns); return metrics."""
+    cfg, a, roles = state.config, state.config.algorithm, state.roles
+    pp, t, mbs = state.layout.pp_size, cfg.rollout.temperature, a.micro_batch_size
+    mask = exp.response_mask
+    old_lp, entropy = compute_log_probs(roles.actor, exp, pp_size=pp, temperature=t, micro_batch_size=mbs,
+                                        with_entropy=True)
+    exp.tensors["old_log_probs"] = old_lp
+    stats: dict[str, float] = {"entropy": float(A.masked_mean(entropy, mask))}
+    if roles.critic is not None:
+        exp.tensors["values"] = compute_values(roles.critic, exp, pp_size=pp, micro_batch_size=mbs)
+    coef = state.kl_ctl.value
+    if roles.reference is not None:
+        ref = roles.reference
+        offload = cfg.model.reference is not None and cfg.model.reference.args.offload
+        if offload:
+            ref.to(state.layout.device)
+        ref_lp, _ = compute_log_probs(ref, exp, pp_size=pp, temperature=t, micro_batch_size=mbs)
+        if offload:
+            ref.to("cpu")
+        exp.tensors["ref_log_probs"] = ref_lp
+        # one pass gives the KL metric and, when KL sits in the reward, the penalised rewards
+        reward_coef = coef if a.kl.placement == "reward" else 0.0
+        token_rewards, kl_mean = A.apply_kl_to_rewards(exp.scores, old_lp, ref_lp, mask, reward_coef,
+                                                       a.kl.estimator)
+    else:
+        token_rewards, kl_mean = A.scores_to_token_rewards(exp.scores, mask), 0.0
+    adv, ret = A.ADVANTAGE_ESTIMATORS[spec.advantage](
+        token_rewards=token_rewards, values=exp.tensors.get("values"), scores=exp.scores, mask=mask,
+        gamma=a.gamma, lam=a.lam, group_size=a.group_size, norm_by_std=a.norm_adv_by_std,
+    )
+    if a.whiten_advantages and spec.advantage == "gae":
+        adv = A.masked_whiten(adv, mask)
+    exp.tensors["advantages"] = adv
+    exp.tensors["returns"] = ret
+    stats["kl"] = kl_mean
+    stats["kl_coef"] = coef
+    return stats

@@ -1,0 +1,96 @@
+"""The update: ``ppo_epochs`` x mini-batches x micro-batches for the actor, then the critic.
+
+Each epoch shuffles this rank's samples (``torch.Generator`` seeded with ``trainer.seed + step``);
+a mini-batch is ``algorithm.mini_batch_size / dp`` samples on each rank, split into micro-batches
+of ``algorithm.micro_batch_size`` that megatron's schedule accumulates before one optimizer step
+(gradient clipping inside the optimizer). Losses:
+
+* actor: the algorithm's policy loss (:data:`verl_bridge.algorithms.POLICY_LOSSES`), minus
+  ``entropy_coef`` x entropy, plus ``kl.coef`` x KL when ``algorithm.kl.placement`` is ``loss``;
+* critic: ``vf_coef`` x the clipped value loss.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from verl_bridge import algorithms as A
+from verl_bridge.algorithms.registry import AlgorithmSpec
+from verl_bridge.runtime.batch import Experience
+from verl_bridge.runtime.forward import forward_micro_batches, response_logits, response_values
+from verl_bridge.runtime.logprobs import token_entropy, token_log_probs
+from verl_bridge.runtime.state import TrainerState
+
+
+def actor_loss(mb: Experience, output: torch.Tensor, *, config, spec: AlgorithmSpec, kl_coef: float):
+    a = config.algorithm
+    mask = mb.response_mask
+    logits = response_logits(output, mb, config.rollout.temperature)
+    lp = token_log_probs(logits, mb.response_ids)
+    low = a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio
+    high = a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio
+    pg_loss, st = A.POLICY_LOSSES[spec.policy_loss](lp, mb.tensors["old_log_probs"], mb.tensors["advantages"], mask,
+                                                    clip_ratio_low=low, clip_ratio_high=high,
+                                                    dual_clip_c=a.dual_clip_c, loss_agg_mode=a.loss_agg_mode)
+    loss = pg_loss
+    if a.entropy_coef > 0:
+        ent = token_entropy(logits)
+        loss = loss - a.entropy_coef * A.aggregate_loss(ent, mask, a.loss_agg_mode)
+    if a.kl.placement == "loss" and "ref_log_probs" in mb.tensors and kl_coef > 0:
+        kl = A.kl_penalty(lp, mb.tensors["ref_log_probs"], a.kl.estimator)
+        loss = loss + kl_coef * A.aggregate_loss(kl, mask, a.loss_agg_mode)
+    return loss, {"actor_loss": float(loss.detach()), "pg_loss": float(pg_loss.detach()), **st}
+
+
+def critic_loss(mb: Experience, output: torch.Tensor, *, config):
+    a = config.algorithm
+    v = response_values(output, mb)
+    loss, st = A.value_loss(v, mb.tensors["values"], mb.tensors["returns"], mb.response_mask,
+                            clip_range=a.value_clip, loss_agg_mode=a.loss_agg_mode)
+    loss = a.vf_coef * loss
+    return loss, {"critic_loss": float(loss.detach()), **st}
+
+
+def update_model(model, optimizer, exp: Experience, loss_fn, *, config, dp_size: int, pp_size: int,
+                 step: int) -> dict[str, float]:
+    """``ppo_epochs`` passes over ``exp`` in shuffled mini-batches; the mean of each stat, and ``grad_norm``."""
+    a = config.algorithm
+    mini = (a.mini_batch_size or exp.size * dp_size) // dp_size
+    gen = torch.Generator().manual_seed(config.trainer.seed + step)
+    sums: dict[str, float] = {}
+    count = 0
+    grad_norms = []
+    model.train()
+    for _epoch in range(a.ppo_epochs):
+        order = torch.randperm(exp.size, generator=gen)
+        for start in range(0, exp.size, mini):
+            part = exp.select(order[start:start + mini].to(exp.input_ids.device))
+            optimizer.zero_grad()
+            res = forward_micro_batches(model, part.micro_batches(a.micro_batch_size), loss_fn, pp_size=pp_size,
+                                        forward_only=False)
+            ok, norm = optimizer.step()
+            grad_norms.append(norm)
+            for r in res:
+                for k, v in r.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                count += 1
+    out = {k: v / max(count, 1) for k, v in sums.items()}
+    out["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
+    return out
+
+
+def update(exp: Experience, state: TrainerState, spec: AlgorithmSpec, step: int) -> dict[str, float]:
+    """Update the actor, then the critic (when there is one); the step's update metrics."""
+    cfg, roles = state.config, state.roles
+    sizes = dict(config=cfg, dp_size=state.layout.dp_size, pp_size=state.layout.pp_size, step=step)
+    metrics = update_model(roles.actor, roles.actor_optimizer, exp,
+                           partial(actor_loss, config=cfg, spec=spec, kl_coef=state.kl_ctl.value), **sizes)
+    if roles.critic is not None:
+        critic_stats = update_model(roles.critic, roles.critic_optimizer, exp, partial(critic_loss, config=cfg),
+                                    **sizes)
+        metrics["critic_loss"] = critic_stats.pop("critic_loss")
+        metrics["vf_clipfrac"] = critic_stats.get("vf_clipfrac", 0.0)
+        metrics["critic_grad_norm"] = critic_stats.get("grad_norm", 0.0)
+    return metrics
