@@ -16,7 +16,7 @@ from typing import Any, Optional, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from verl_bridge.config.schema import Config
+from verl_bridge.config.schema import Config, to_plain
 
 
 class ConfigError(Exception):
@@ -114,23 +114,6 @@ def _build(cls: type, data: dict, prefix: str, problems: list[str]) -> Any:
             continue
         kwargs[k] = _coerce(v, hints[k], prefix + k, problems)
     return cls(**kwargs)
-
-
-def to_plain(obj: Any) -> Any:
-    """Dataclasses -> plain dicts/lists (for YAML dumps and reports)."""
-    if dataclasses.is_dataclass(obj):
-        return {
-            f.name: to_plain(getattr(obj, f.name))
-            for f in dataclasses.fields(obj)
-            if not f.metadata.get("internal")
-        }
-    if isinstance(obj, tuple):
-        return [to_plain(v) for v in obj]
-    if isinstance(obj, list):
-        return [to_plain(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: to_plain(v) for k, v in obj.items()}
-    return obj
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

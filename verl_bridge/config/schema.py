@@ -9,6 +9,7 @@ as well. Validation lives in :mod:`verl_bridge.config.validate`, loading in
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -176,6 +177,21 @@ class Config:
     source_dir: Optional[str] = field(default=None, metadata={"internal": True})
 
     def to_dict(self) -> dict[str, Any]:
-        from verl_bridge.config.loader import to_plain
-
         return to_plain(self)
+
+
+def to_plain(obj: Any) -> Any:
+    """Dataclasses -> plain dicts/lists (for YAML dumps and reports)."""
+    if dataclasses.is_dataclass(obj):
+        return {
+            f.name: to_plain(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if not f.metadata.get("internal")
+        }
+    if isinstance(obj, tuple):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, list):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    return obj
