@@ -40,6 +40,18 @@ class RolloutBatch:
         return torch.cat([self.prompt_mask, self.response_mask], dim=1)
 
 
+def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists -> (ids, mask) ``[B, P]``, left-padded with ``pad_id`` to the longest prompt."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+    for i, p in enumerate(prompts):
+        if p:
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
+            mask[i, width - len(p):] = 1
+    return ids, mask
+
+
 class RolloutEngine(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch: ...
 

@@ -357,7 +357,7 @@ class FastEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:
-        from verl_bridge.rollout.native import left_pad
+        from verl_bridge.rollout.base import left_pad
 
         dec = self.decoder
         model = dec.model

@@ -16,20 +16,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from verl_bridge.rollout.base import RolloutBatch, SamplingParams
+from verl_bridge.rollout.base import RolloutBatch, SamplingParams, left_pad
 from verl_bridge.rollout.sampling import sample_next
 from verl_bridge.runtime.batch import model_inputs
-
-
-def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
-    for i, p in enumerate(prompts):
-        if p:
-            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
-            mask[i, width - len(p):] = 1
-    return ids, mask
 
 
 class NativeEngine:
@@ -62,7 +51,7 @@ class NativeEngine:
     def probe_log_probs(self, input_ids: torch.Tensor, vocab_size: int | None, decode_steps: int = 3) -> torch.Tensor:
         """Next-token log-probs [B, S-1] of a probe batch through the path that generates: the fast
         decoder when it is in use, megatron's KV-cache forward otherwise (the sync check's engine side)."""
-        from verl_bridge.rollout.verify import _next_token_log_probs, native_engine_log_probs
+        from verl_bridge.rollout.verify import next_token_log_probs, native_engine_log_probs
 
         if self.fast is None:
             return native_engine_log_probs(self.model, input_ids, vocab_size, decode_steps)
@@ -74,7 +63,7 @@ class NativeEngine:
             logits = self.fast.decoder.teacher_forced_logits(ids, steps)
         finally:
             self.fast.decoder.model.train(was_training)
-        return _next_token_log_probs(logits, ids, vocab_size).cpu()
+        return next_token_log_probs(logits, ids, vocab_size).cpu()
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:

@@ -166,7 +166,7 @@ def _gather_vocab(logits: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
-def _next_token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, vocab_size: Optional[int]) -> torch.Tensor:
+def next_token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, vocab_size: Optional[int]) -> torch.Tensor:
     """log p(input_ids[:, t+1] | ..t) from logits [B, S, V] -> [B, S-1] (padded vocabulary dropped)."""
     if vocab_size is not None:
         logits = logits[..., :vocab_size]
@@ -197,7 +197,7 @@ def megatron_log_probs(model, input_ids: torch.Tensor, vocab_size: Optional[int]
     ids, pos, mask = model_inputs(ids, torch.ones_like(ids))
     with _eval_mode(model):
         logits = _gather_vocab(model(ids, pos, mask))
-    return _next_token_log_probs(logits, ids, vocab_size).cpu()
+    return next_token_log_probs(logits, ids, vocab_size).cpu()
 
 
 @torch.no_grad()
@@ -206,7 +206,7 @@ def hf_log_probs(hf_model, input_ids: torch.Tensor, vocab_size: Optional[int] = 
     device = next(hf_model.parameters()).device
     with _eval_mode(hf_model):
         logits = hf_model(input_ids=input_ids.to(device)).logits
-    return _next_token_log_probs(logits, input_ids.to(device), vocab_size).cpu()
+    return next_token_log_probs(logits, input_ids.to(device), vocab_size).cpu()
 
 
 @torch.no_grad()
@@ -239,7 +239,7 @@ def native_engine_log_probs(model, input_ids: torch.Tensor, vocab_size: Optional
                                 runtime_gather_output=True))
             ctx.sequence_len_offset += 1
     logits = torch.cat(chunks, dim=1)
-    return _next_token_log_probs(logits, ids, vocab_size).cpu()
+    return next_token_log_probs(logits, ids, vocab_size).cpu()
 
 
 # Default probe thresholds by the actor's parameter dtype. In fp32 two correct forward paths agree to

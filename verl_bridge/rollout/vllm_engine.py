@@ -366,7 +366,7 @@ class VllmEngine:
         from vllm import SamplingParams as VSP
         from vllm.inputs import TokensPrompt
 
-        from verl_bridge.rollout.native import left_pad
+        from verl_bridge.rollout.base import left_pad
 
         self.wake_up()
         # every rank of a vLLM TP group must issue the same requests: gather theirs, answer all
