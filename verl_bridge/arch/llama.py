@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from verl_bridge.arch.registry import ArchSpec
+from verl_bridge.arch.spec import ArchSpec
 
 L = "model.layers.{}."
 M = "decoder.layers.{}."

@@ -7,7 +7,7 @@ window attend to the whole prefix (identical results for sequences up to the win
 from __future__ import annotations
 
 from verl_bridge.arch.llama import FROM_HF, llama_family_config, llama_family_hf_config
-from verl_bridge.arch.registry import ArchSpec
+from verl_bridge.arch.spec import ArchSpec
 
 MISTRAL = ArchSpec(
     name="mistral",

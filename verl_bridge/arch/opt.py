@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from verl_bridge.arch.registry import ArchSpec
+from verl_bridge.arch.spec import ArchSpec
 
 L = "model.decoder.layers.{}."
 M = "decoder.layers.{}."

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from verl_bridge.arch.llama import FROM_HF as LLAMA_FROM_HF, L, M, llama_family_config, llama_family_hf_config
-from verl_bridge.arch.registry import ArchSpec
+from verl_bridge.arch.spec import ArchSpec
 
 FROM_HF = {
     **LLAMA_FROM_HF,

@@ -1,6 +1,7 @@
 """Architecture registry: declarative HF <-> megatron-core name maps, one spec per architecture.
 
-An :class:`ArchSpec` is data. ``from_hf`` maps a Hugging Face parameter name template to a
+An :class:`~verl_bridge.arch.spec.ArchSpec` (in :mod:`.spec`, which the per-architecture modules
+import; only this module imports them) is data. ``from_hf`` maps a Hugging Face parameter name template to a
 megatron-core ``GPTModel`` name template (``{}`` is the layer index, torchtitan style):
 
 * ``"hf.name": "mcore.name"``              one tensor to one tensor,
@@ -22,28 +23,10 @@ model's structure) with each spec's ``features``; custom registrations are tried
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Union
 
-HFTarget = Union[str, tuple[str, str], None]
-
-
-@dataclass(frozen=True, eq=False)
-class ArchSpec:
-    name: str
-    hf_architectures: tuple[str, ...]
-    hf_model_type: str
-    from_hf: Mapping[str, HFTarget]
-    # what detect_architecture compares: normalization, gated_linear_unit, add_qkv_bias,
-    # add_bias_linear, position_embedding_type, and optionally rotary_base.
-    features: Mapping[str, Any] = field(default_factory=dict)
-    # rows at the start of the HF learned position table that megatron does not have (OPT: 2)
-    position_offset: int = 0
-    # hf PretrainedConfig -> (TransformerConfig kwargs, GPTModel kwargs); see hf_config.py
-    mcore_config: Optional[Callable[[Any], tuple[dict, dict]]] = None
-    # description dict (see hf_config.describe) -> HF config.json dict
-    hf_config: Optional[Callable[[dict], dict]] = None
-
+from verl_bridge.arch import llama, mistral, opt, qwen2
+from verl_bridge.arch.spec import ArchSpec
 
 _REGISTRY: dict[str, ArchSpec] = {}
 _BUILTINS = ("qwen2", "mistral", "llama", "opt")  # detection order: most specific first
@@ -52,8 +35,6 @@ _BUILTINS = ("qwen2", "mistral", "llama", "opt")  # detection order: most specif
 def _load_builtins() -> None:
     if all(n in _REGISTRY for n in _BUILTINS):
         return
-    from verl_bridge.arch import llama, mistral, opt, qwen2
-
     for spec in (qwen2.QWEN2, mistral.MISTRAL, llama.LLAMA, opt.OPT):
         _REGISTRY.setdefault(spec.name, spec)
 
