@@ -141,13 +141,6 @@ def hf_sources(name: str, arch_spec, config=None) -> list[str]:
     return _resolve(get_arch(arch_spec), name)[2]
 
 
-def is_dropped_hf(name: str, arch_spec) -> bool:
-    """Whether the HF tensor *name* is one the spec drops (maps to None)."""
-    _, _, hf_rx = _tables(get_arch(arch_spec))
-    template, _ = _match(hf_rx, name)
-    return template is not None and get_arch(arch_spec).from_hf[template] is None
-
-
 def _pad_rows(t: torch.Tensor, rows: Optional[int]) -> torch.Tensor:
     if rows is None or t.shape[0] == rows:
         return t

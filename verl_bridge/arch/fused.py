@@ -36,16 +36,6 @@ def split_qkv_grouped(qkv: torch.Tensor, num_heads: int, num_groups: int) -> tup
     return q, k, v
 
 
-def split_qkv(qkv: torch.Tensor, num_heads: int, num_groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    rest = tuple(qkv.shape[1:])
-    q, k, v = split_qkv_grouped(qkv, num_heads, num_groups)
-    return (
-        q.reshape(-1, *rest).contiguous(),
-        k.reshape(-1, *rest).contiguous(),
-        v.reshape(-1, *rest).contiguous(),
-    )
-
-
 def fuse_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.cat([gate, up], dim=0).contiguous()
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional, Union
+from typing import Union
 
 TRACKER = "latest_checkpointed_iteration.txt"
 LEGACY_FILE = "model_optim_rng.pt"
@@ -31,23 +31,6 @@ def iter_dir(save_dir, iteration: Union[int, str]) -> Path:
 
 def rank_dir_name(tp_rank: int, pp_rank: int, pp_size: int) -> str:
     return f"mp_rank_{tp_rank:02d}" if pp_size == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
-
-
-def legacy_file(save_dir, iteration, tp_rank: int, pp_rank: int, pp_size: int) -> Path:
-    return iter_dir(save_dir, iteration) / rank_dir_name(tp_rank, pp_rank, pp_size) / LEGACY_FILE
-
-
-def read_tracker(save_dir) -> Optional[Union[int, str]]:
-    path = Path(save_dir) / TRACKER
-    if not path.is_file():
-        return None
-    text = path.read_text().strip()
-    if text == "release":
-        return "release"
-    try:
-        return int(text)
-    except ValueError:
-        return None
 
 
 def fsync_dir(path) -> None:

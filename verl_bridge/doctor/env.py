@@ -241,10 +241,3 @@ def library_dirs() -> list[str]:
         if d not in dirs:
             dirs.append(d)
     return dirs
-
-
-def short_path(path: str | None) -> str:
-    if not path:
-        return "?"
-    home = os.path.expanduser("~")
-    return "~" + path[len(home):] if home != "/" and path.startswith(home + os.sep) else path
