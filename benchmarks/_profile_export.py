@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import _common as C
 
 from verl_bridge.arch import hf_model_provider
-from verl_bridge.parallel import init_model_parallel, seed_everything
+from verl_bridge.distributed import init_model_parallel, seed_everything
 from verl_bridge.resharding.export import WeightExporter
 from verl_bridge.models.tiny import precision_kwargs
 

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
 
     from verl_bridge.arch import hf_model_provider
-    from verl_bridge.parallel import init_model_parallel, seed_everything
+    from verl_bridge.distributed import init_model_parallel, seed_everything
     from verl_bridge.resharding.export import WeightExporter
 
     init_model_parallel(1, 1)

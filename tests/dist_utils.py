@@ -23,7 +23,7 @@ def _worker(rank, world_size, port, fn, args, queue):
 
     torch.set_num_threads(1)
     try:
-        from verl_bridge.parallel import destroy, init_distributed
+        from verl_bridge.distributed import destroy, init_distributed
 
         init_distributed("gloo")
         result = fn(rank, world_size, *args)
@@ -35,7 +35,7 @@ def _worker(rank, world_size, port, fn, args, queue):
 
 def run_distributed(fn, world_size: int, *args, timeout: float = 300.0) -> list:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes; return results by rank."""
-    from verl_bridge.parallel import free_port
+    from verl_bridge.distributed import free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()

@@ -31,12 +31,12 @@ def run(config_file: str, overrides: list[str]) -> int:
               file=sys.stderr)
         return 2
     finally:
-        from verl_bridge.parallel import destroy
+        from verl_bridge.distributed import destroy
 
         try:
             destroy()
-        except Exception:  # noqa: BLE001
-            pass
+        except (RuntimeError, ValueError) as exc:  # a group broken by the error above: report, keep its exit code
+            print(f"(while tearing down process groups: {type(exc).__name__}: {exc})", file=sys.stderr)
     return 0
 
 

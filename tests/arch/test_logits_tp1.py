@@ -6,7 +6,7 @@ from tests.arch.tiny_hf import ARCHS, make_tiny_hf
 
 @pytest.fixture(scope="module")
 def parallel():
-    from verl_bridge.parallel import init_model_parallel
+    from verl_bridge.distributed import init_model_parallel
 
     init_model_parallel(1, 1)
     yield

@@ -10,7 +10,7 @@ def _tp2_worker(rank, world_size, hf_dirs):
     from megatron.core import parallel_state as mpu
 
     from verl_bridge.arch import hf_model_provider
-    from verl_bridge.parallel import init_model_parallel
+    from verl_bridge.distributed import init_model_parallel
 
     init_model_parallel(2, 1)
     out = {}

@@ -34,7 +34,7 @@ def _detect_all(rank, world_size, hf_root):
     from verl_bridge.bridge.hooks import call_model_provider
     from verl_bridge.config import load_config
     from verl_bridge.models.tiny import tiny_model_provider
-    from verl_bridge.parallel import init_model_parallel
+    from verl_bridge.distributed import init_model_parallel
 
     init_model_parallel(1, 1)
     out = {}

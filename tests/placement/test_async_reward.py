@@ -22,7 +22,7 @@ MODEL = ["model.reward.type=model", "model.reward.args={preset: tiny, num_layers
 def _reset_parallel_state():
     from megatron.core import parallel_state as mpu
 
-    from verl_bridge.parallel import set_data_parallel_group
+    from verl_bridge.distributed import set_data_parallel_group
     from verl_bridge.placement import groups
 
     mpu.destroy_model_parallel()

@@ -12,7 +12,7 @@ def _export(rank, world_size, dirs):
     import json
 
     from verl_bridge.arch import hf_model_provider
-    from verl_bridge.parallel import init_model_parallel
+    from verl_bridge.distributed import init_model_parallel
     from verl_bridge.resharding import WeightExporter
 
     init_model_parallel(world_size, 1)

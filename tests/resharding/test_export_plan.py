@@ -13,7 +13,7 @@ BUCKET = 12 << 10
 
 @pytest.fixture(scope="module")
 def parallel():
-    from verl_bridge.parallel import init_model_parallel
+    from verl_bridge.distributed import init_model_parallel
 
     init_model_parallel(1, 1)
     yield

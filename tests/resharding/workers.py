@@ -67,7 +67,7 @@ def layouts_worker(rank, world_size, dirs):
     from megatron.core import parallel_state as mpu
 
     from verl_bridge.arch.hf import SafetensorsDir
-    from verl_bridge.parallel import init_model_parallel
+    from verl_bridge.distributed import init_model_parallel
     from verl_bridge.resharding import WeightExporter
     from verl_bridge.rollout.verify import tensor_checksums
 

@@ -125,7 +125,7 @@ def _eval_dp2(rank, world_size):
 def _two_rank_runs(rank, world_size):
     from megatron.core import parallel_state as mpu
 
-    from verl_bridge.parallel import set_data_parallel_group
+    from verl_bridge.distributed import set_data_parallel_group
 
     out = {"dp2": _eval_dp2(rank, world_size)}
     mpu.destroy_model_parallel()

@@ -26,7 +26,7 @@ def _tiny_model():
 
 
 def _check_logits(rank, world_size, archs, tmp):
-    from verl_bridge.parallel import init_model_parallel, seed_everything
+    from verl_bridge.distributed import init_model_parallel, seed_everything
     from verl_bridge.rollout.fast_decode import FastDecoder, _State
     from verl_bridge.runtime.batch import model_inputs
 
@@ -69,7 +69,7 @@ def test_fast_decoder_matches_module_forward(tmp_path):
 
 
 def _greedy_same_as_native(rank, world_size):
-    from verl_bridge.parallel import init_model_parallel, seed_everything
+    from verl_bridge.distributed import init_model_parallel, seed_everything
     from verl_bridge.rollout.base import SamplingParams
     from verl_bridge.rollout.fast_decode import FastEngine
     from verl_bridge.rollout.native import NativeEngine
@@ -120,7 +120,7 @@ def test_unsupported_models_are_named():
 
 
 def _padding_rows_never_sampled(rank, world_size, tmp):
-    from verl_bridge.parallel import init_model_parallel, seed_everything
+    from verl_bridge.distributed import init_model_parallel, seed_everything
     from verl_bridge.rollout.base import SamplingParams
     from verl_bridge.rollout.fast_decode import FastEngine
     from verl_bridge.rollout.native import NativeEngine
@@ -142,7 +142,7 @@ def test_vocabulary_padding_is_never_sampled(tmp_path):
 
 
 def _sync_check_goes_through_fast_decoder(rank, world_size, tmp):
-    from verl_bridge.parallel import init_model_parallel, seed_everything
+    from verl_bridge.distributed import init_model_parallel, seed_everything
     from verl_bridge.rollout.native import NativeEngine
     from verl_bridge.rollout.verify import SyncVerificationError, verify_native_engine
 

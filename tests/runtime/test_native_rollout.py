@@ -8,7 +8,7 @@ from tests.dist_utils import run_distributed
 def _build():
     from verl_bridge.config.schema import ModelArgs
     from verl_bridge.models.tiny import tiny_model_provider
-    from verl_bridge.parallel import init_model_parallel, seed_everything
+    from verl_bridge.distributed import init_model_parallel, seed_everything
 
     init_model_parallel(1, 1)
     seed_everything(0)

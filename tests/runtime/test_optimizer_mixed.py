@@ -6,7 +6,7 @@ from tests.dist_utils import run_distributed
 
 
 def _tiny_updates_accumulate(rank, world_size):
-    from verl_bridge.parallel import init_model_parallel
+    from verl_bridge.distributed import init_model_parallel
     from verl_bridge.runtime.optimizer import TorchOptimizer
 
     init_model_parallel(1, 1)

@@ -12,7 +12,7 @@ def _attention_cases(rank, world_size):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from verl_bridge.models.spec import SDPAttention
-    from verl_bridge.parallel import init_model_parallel
+    from verl_bridge.distributed import init_model_parallel
 
     init_model_parallel(1, 1)
     cfg = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=4, num_query_groups=2,
@@ -48,7 +48,7 @@ def test_sdpa_attention_matches_explicit_softmax():
 def _gpt_forward_backward(rank, world_size):
     from verl_bridge.config.schema import ModelArgs
     from verl_bridge.models.tiny import tiny_model_provider
-    from verl_bridge.parallel import init_model_parallel, seed_everything
+    from verl_bridge.distributed import init_model_parallel, seed_everything
 
     init_model_parallel(world_size, 1)
     seed_everything(0)

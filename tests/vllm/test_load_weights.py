@@ -42,7 +42,7 @@ def _export_worker(rank, world_size, dirs, out_dir):
     from megatron.core import parallel_state as mpu
 
     from verl_bridge.arch import hf_model_provider
-    from verl_bridge.parallel import init_model_parallel
+    from verl_bridge.distributed import init_model_parallel
     from verl_bridge.resharding.export import WeightExporter
 
     stats = {}
@@ -249,7 +249,7 @@ def _engine_sync(rank, dirs):
 
 def _vllm_worker(rank, world_size, dirs, out_dir):
     """One vLLM world of two processes: TP=1 checks split between the ranks, then TP=2."""
-    from verl_bridge.parallel import init_model_parallel
+    from verl_bridge.distributed import init_model_parallel
     from verl_bridge.rollout.vllm_cpu import use_cpu_platform
 
     use_cpu_platform()

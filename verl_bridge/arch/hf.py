@@ -67,14 +67,10 @@ def arch_of_hf(hf) -> ArchSpec:
 
 
 def _current_tp() -> tuple[int, int]:
-    try:
-        from megatron.core import parallel_state as mpu
+    from verl_bridge.distributed.state import model_parallel_state
 
-        if mpu.model_parallel_is_initialized():
-            return mpu.get_tensor_model_parallel_world_size(), mpu.get_tensor_model_parallel_rank()
-    except Exception:  # noqa: BLE001 - no megatron state: a world of one
-        pass
-    return 1, 0
+    ps = model_parallel_state()
+    return (1, 0) if ps is None else (ps.tp_size, ps.tp_rank)
 
 
 def hf_to_mcore_config(
@@ -205,16 +201,10 @@ def build_gpt_model(tf_kwargs: dict, gpt_kwargs: dict, *, pre_process: bool = Tr
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from verl_bridge.compat import make_cpu_safe
+    from verl_bridge.distributed.state import model_parallel_state
 
-    tp, pp = 1, 1
-    try:
-        from megatron.core import parallel_state as mpu
-
-        if mpu.model_parallel_is_initialized():
-            tp = mpu.get_tensor_model_parallel_world_size()
-            pp = mpu.get_pipeline_model_parallel_world_size()
-    except Exception:  # noqa: BLE001
-        pass
+    ps = model_parallel_state()
+    tp, pp = (1, 1) if ps is None else (ps.tp_size, ps.pp_size)
     tf = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, **tf_kwargs, **overrides}
     config = TransformerConfig(**tf)
     model = GPTModel(config=config, pre_process=pre_process, post_process=post_process, **gpt_kwargs)

@@ -109,7 +109,7 @@ class MegatronBridge:
         from megatron.core import parallel_state as mpu
 
         from verl_bridge.bridge import megatron_args
-        from verl_bridge.parallel import current_layout, init_distributed, init_model_parallel
+        from verl_bridge.distributed import current_layout, init_distributed, init_model_parallel
 
         cfg = self.config
         src = cfg.source_dir
@@ -271,7 +271,7 @@ class MegatronBridge:
         build = self.actor_builder()
         actor = build()
         self._load_initial_weights(actor)
-        actor_opt = build_optimizer(actor, cfg.optim.actor)
+        actor_opt = build_optimizer(actor, cfg.optim.actor, self.layout)
         a = cfg.algorithm
         reference = None
         if cfg.model.reference is not None or a.kl.coef > 0 or a.kl.target is not None:
@@ -288,9 +288,9 @@ class MegatronBridge:
             if getattr(critic, "runs_outside_megatron_schedule", False):
                 from verl_bridge.runtime.hf_critic import build_replicated_optimizer
 
-                critic_opt = build_replicated_optimizer(critic, cfg.optim.critic)
+                critic_opt = build_replicated_optimizer(critic, cfg.optim.critic, self.layout)
             else:
-                critic_opt = build_optimizer(critic, cfg.optim.critic)
+                critic_opt = build_optimizer(critic, cfg.optim.critic, self.layout)
         self.roles = Roles(actor=actor, actor_optimizer=actor_opt, reference=reference, critic=critic,
                            critic_optimizer=critic_opt)
         return self.roles

@@ -78,17 +78,12 @@ def _barrier() -> None:
 
 def _ranks(args=None) -> dict:
     """tp/pp/dp rank and size of this process (megatron parallel state, else args, else 1)."""
-    try:
-        from megatron.core import parallel_state as mpu
+    from verl_bridge.distributed.state import model_parallel_state
 
-        if mpu.model_parallel_is_initialized():
-            return dict(
-                tp_rank=mpu.get_tensor_model_parallel_rank(), tp_size=mpu.get_tensor_model_parallel_world_size(),
-                pp_rank=mpu.get_pipeline_model_parallel_rank(), pp_size=mpu.get_pipeline_model_parallel_world_size(),
-                dp_rank=mpu.get_data_parallel_rank(), rank=torch.distributed.get_rank(),
-            )
-    except Exception:  # noqa: BLE001 - no megatron state: a world of one
-        pass
+    ps = model_parallel_state()
+    if ps is not None:
+        return dict(tp_rank=ps.tp_rank, tp_size=ps.tp_size, pp_rank=ps.pp_rank, pp_size=ps.pp_size,
+                    dp_rank=ps.dp_rank, rank=ps.rank)
     return dict(tp_rank=0, tp_size=getattr(args, "tensor_model_parallel_size", 1) or 1, pp_rank=0,
                 pp_size=getattr(args, "pipeline_model_parallel_size", 1) or 1, dp_rank=0,
                 rank=torch.distributed.get_rank() if _dist() else 0)

@@ -47,7 +47,7 @@ def _safe_globals() -> list:
     ):
         try:
             module = __import__(mod, fromlist=list(names))
-        except Exception:  # noqa: BLE001 - megatron not importable: nothing to allow
+        except ImportError:  # megatron not importable: nothing to allow
             continue
         found += [getattr(module, n) for n in names if hasattr(module, n)]
     return found

@@ -84,5 +84,5 @@ def _has_cuda() -> bool:
         import torch
 
         return torch.cuda.is_available()
-    except Exception:  # noqa: BLE001 - a broken torch is doctor's business
+    except (ImportError, OSError, RuntimeError):  # a broken torch or driver is doctor's business
         return False

@@ -212,7 +212,7 @@ def load_config(
         world_size = int(os.environ.get("WORLD_SIZE", cfg.trainer.nproc_per_node or 1))
     try:
         semantic = validate(cfg, world_size=world_size, check_paths=check_paths)
-    except Exception:  # noqa: BLE001 - values of the wrong type can trip semantic checks
+    except (TypeError, ValueError, AttributeError, KeyError):  # values of the wrong type trip semantic checks
         if not structural:
             raise
         semantic = []

@@ -15,7 +15,7 @@ CUDA assumptions that remain in megatron-core (and how verl-bridge avoids them o
 * the pipeline schedules for PP>1 (``forward_backward_pipelining_*``) allocate P2P buffers on
   CUDA: PP>1 therefore needs CUDA; on CPU the config validator rejects ``pp_size > 1`` at launch.
 * ``tensor_parallel.model_parallel_cuda_manual_seed`` seeds CUDA generators: on CPU we seed with
-  :func:`verl_bridge.parallel.seed_everything`, which only touches CUDA when it exists.
+  :func:`verl_bridge.distributed.seed_everything`, which only touches CUDA when it exists.
 * megatron's ``DistributedDataParallel`` and distributed optimizer use CUDA streams / buffers; on
   CPU the runtime uses megatron's plain ``FP32Optimizer`` path and all-reduces DP gradients itself.
 """

@@ -1,11 +1,11 @@
 """Split the torchrun world into role groups: the actor on ranks ``0..A-1``, the reward on ``A..W-1``.
 
 megatron-core's ``parallel_state`` is global, so it is initialised once over the whole world with
-the actor's TP size (:func:`verl_bridge.parallel.init_model_parallel`). Its TP groups are blocks
+the actor's TP size (:func:`verl_bridge.distributed.init_model_parallel`). Its TP groups are blocks
 of consecutive ranks, so with the reward's TP size equal to the actor's, every TP group lies inside
 one role group and each role builds its models with megatron's own TP group. Megatron's DP groups
 span both roles, so each role gets its own DP group (``dist.new_group``, created on every rank in
-the same order) and :func:`verl_bridge.parallel.set_data_parallel_group` points the trainer's DP
+the same order) and :func:`verl_bridge.distributed.set_data_parallel_group` points the trainer's DP
 reductions at the actor's.
 """
 
@@ -61,7 +61,7 @@ def apply_placement(cfg, layout):
     global _STATE
     from megatron.core import parallel_state as mpu
 
-    from verl_bridge.parallel import current_layout, set_data_parallel_group
+    from verl_bridge.distributed import current_layout, set_data_parallel_group
 
     g = reward_group(cfg, layout.world_size)
     if g is None:

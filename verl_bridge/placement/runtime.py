@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from verl_bridge.distributed.layout import ParallelLayout
 from verl_bridge.placement.groups import RoleLayout, role_layout
 from verl_bridge.placement.queue import ScoringClient, serve
 from verl_bridge.placement.scorer import build_scorer
@@ -54,8 +55,9 @@ class Placement:
     the ranks that score: the reward group, or every rank when colocated.
     """
 
-    def __init__(self, config, roles: Optional[RoleLayout], scorer: Optional[Callable]):
+    def __init__(self, config, layout: ParallelLayout, roles: Optional[RoleLayout], scorer: Optional[Callable]):
         self.config = config
+        self.layout = layout
         self.roles = roles
         self.scorer = scorer
         self.timings: dict[str, float] = {}
@@ -67,7 +69,7 @@ class Placement:
             self.client = ScoringClient(roles.reward_leader_for(roles.dp_rank))
 
     @classmethod
-    def from_config(cls, config, build_scorer: Callable[[], Callable]) -> Optional["Placement"]:
+    def from_config(cls, config, layout: ParallelLayout, build_scorer: Callable[[], Callable]) -> Optional["Placement"]:
         """None when every role is colocated and the reward is a function (the producer's own path).
 
         ``build_scorer()`` is called only on the ranks that score.
@@ -82,8 +84,8 @@ class Placement:
         if roles is None:
             if config.model.reward.type != "model":
                 return None
-            return cls(config, None, build_scorer())
-        return cls(config, roles, build_scorer() if roles.role == "reward" else None)
+            return cls(config, layout, None, build_scorer())
+        return cls(config, layout, roles, build_scorer() if roles.role == "reward" else None)
 
     @property
     def is_reward_rank(self) -> bool:
@@ -93,11 +95,8 @@ class Placement:
     def _share_over_tp(self, *tensors: torch.Tensor) -> None:
         """TP ranks hold identical samples: give them the TP leader's scores."""
         if self.roles is not None and self.roles.tp_size > 1:
-            from megatron.core import parallel_state as mpu
-
-            src, group = mpu.get_tensor_model_parallel_src_rank(), mpu.get_tensor_model_parallel_group()
             for t in tensors:
-                dist.broadcast(t, src=src, group=group)
+                dist.broadcast(t, src=self.layout.tp_src_rank, group=self.layout.tp_group)
 
     def score(self, batch: RolloutBatch, truths: list) -> torch.Tensor:
         """Scores of one finished batch (evaluation): colocated, or one request to the reward group."""
@@ -156,10 +155,8 @@ class Placement:
 
     # ------------------------------------------------------------------ reward ranks
     def serve(self) -> list:
-        from megatron.core import parallel_state as mpu
-
         r = self.roles
-        group = mpu.get_tensor_model_parallel_group() if r.tp_size > 1 else None
+        group = self.layout.tp_group if r.tp_size > 1 else None
         self.served = serve(self.scorer, r.senders_of(r.dp_rank), is_leader=r.is_leader, tp_group=group,
-                            tp_src=mpu.get_tensor_model_parallel_src_rank())
+                            tp_src=self.layout.tp_src_rank)
         return []

@@ -15,7 +15,7 @@ def detect_device_memory() -> tuple[Optional[float], str]:
         if torch.cuda.is_available():
             props = torch.cuda.get_device_properties(0)
             return float(props.total_memory), f"detected: {props.name}"
-    except Exception:  # noqa: BLE001 - a broken torch is doctor's business
+    except (ImportError, OSError, RuntimeError):  # a broken torch or driver is doctor's business
         pass
     return None, "no GPU detected and --device-memory-gb not given: fit not checked"
 

@@ -65,6 +65,7 @@ from verl_bridge.arch.convert import (
 )
 from verl_bridge.arch.registry import ArchSpec, detect_architecture, get_arch
 from verl_bridge.compat import unwrap_model
+from verl_bridge.distributed.state import model_parallel_state
 
 
 @dataclass
@@ -149,20 +150,11 @@ class _Held:
 
 
 def _parallel_state():
-    """(tp_size, tp_rank, tp_group, pp_size, pp_rank, pp_group, pp_ranks)."""
-    try:
-        from megatron.core import parallel_state as mpu
-
-        if mpu.model_parallel_is_initialized():
-            tp_group = mpu.get_tensor_model_parallel_group()
-            pp_group = mpu.get_pipeline_model_parallel_group()
-            pp_size = mpu.get_pipeline_model_parallel_world_size()
-            pp_ranks = dist.get_process_group_ranks(pp_group) if pp_size > 1 else [dist.get_rank()]
-            return (mpu.get_tensor_model_parallel_world_size(), mpu.get_tensor_model_parallel_rank(), tp_group,
-                    pp_size, mpu.get_pipeline_model_parallel_rank(), pp_group, pp_ranks)
-    except Exception:  # noqa: BLE001 - no megatron state: a world of one
-        pass
-    return 1, 0, None, 1, 0, None, [0]
+    """(tp_size, tp_rank, tp_group, pp_size, pp_rank, pp_group, pp_ranks); a world of one without megatron's groups."""
+    ps = model_parallel_state()
+    if ps is None:
+        return 1, 0, None, 1, 0, None, [0]
+    return ps.tp_size, ps.tp_rank, ps.tp_group, ps.pp_size, ps.pp_rank, ps.pp_group, list(ps.pp_ranks)
 
 
 def assign_buckets(entries: list[tuple[int, list[int]]], bucket_bytes: int) -> list[list[tuple[int, int]]]:

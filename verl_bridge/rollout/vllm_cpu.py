@@ -81,7 +81,7 @@ def init_cpu_parallel(tp_size: int = 1) -> None:
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
         method = "env://"
     else:
-        from verl_bridge.parallel import free_port
+        from verl_bridge.distributed import free_port
 
         world, rank, local_rank = 1, 0, 0
         method = f"tcp://127.0.0.1:{free_port()}"

@@ -27,6 +27,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from verl_bridge.distributed.layout import ParallelLayout
 from verl_bridge.rollout.producer import RolloutProducer, rollout_seed
 
 
@@ -37,11 +38,12 @@ def split_for_rank(samples: list, dp_size: int, dp_rank: int) -> list:
     return samples[start:start + base + (1 if dp_rank < extra else 0)]
 
 
-def evaluate(producer: RolloutProducer, samples: list[tuple[str, str]], step: int, *, config, dp_size: int,
-             dp_rank: int, dp_group=None) -> dict[str, float]:
+def evaluate(producer: RolloutProducer, samples: list[tuple[str, str]], step: int, *, config,
+             layout: ParallelLayout) -> dict[str, float]:
     """Evaluate the actor behind ``producer`` on ``samples`` (all ranks' held-out prompts); returns
-    ``eval/*`` metrics, identical on every actor rank (sums all-reduced over ``dp_group``)."""
+    ``eval/*`` metrics, identical on every actor rank (sums all-reduced over ``layout.dp_group``)."""
     t0 = time.perf_counter()
+    dp_size, dp_rank = layout.dp_size, layout.dp_rank
     mine = split_for_rank(samples, dp_size, dp_rank)
     # reward sum, count, score >= 1 count, response tokens, count of non-binary scores
     sums = torch.zeros(5, dtype=torch.float64)
@@ -56,7 +58,7 @@ def evaluate(producer: RolloutProducer, samples: list[tuple[str, str]], step: in
         sums[3] = float(batch.response_mask.sum())
         sums[4] = sum(1 for s in scores if s not in (0.0, 1.0))
     if dp_size > 1:
-        dist.all_reduce(sums, group=dp_group)
+        dist.all_reduce(sums, group=layout.dp_group)
     total, n, correct, tokens, non_binary = sums.tolist()
     n = max(n, 1.0)
     out = {"eval/reward_mean": total / n, "eval/response_length": tokens / n}

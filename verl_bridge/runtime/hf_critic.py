@@ -149,9 +149,9 @@ def _replicated_optimizer_class():
     return ReplicatedOptimizer
 
 
-def build_replicated_optimizer(model: torch.nn.Module, optim_cfg):
+def build_replicated_optimizer(model: torch.nn.Module, optim_cfg, layout=None):
     """The critic's optimizer: :func:`verl_bridge.runtime.optimizer.build_optimizer`'s, replica-aware norm."""
     return _replicated_optimizer_class()(
         model, lr=optim_cfg.lr, weight_decay=optim_cfg.weight_decay, betas=optim_cfg.betas,
-        eps=optim_cfg.eps, clip_grad=optim_cfg.clip_grad, warmup_steps=optim_cfg.warmup_steps,
+        eps=optim_cfg.eps, clip_grad=optim_cfg.clip_grad, warmup_steps=optim_cfg.warmup_steps, layout=layout,
     )

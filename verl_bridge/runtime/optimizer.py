@@ -22,8 +22,9 @@ import torch.distributed as dist
 
 class TorchOptimizer:
     def __init__(self, model: torch.nn.Module, lr: float, weight_decay: float, betas, eps: float,
-                 clip_grad: float, warmup_steps: int = 0):
+                 clip_grad: float, warmup_steps: int = 0, layout=None):
         self.model = model
+        self.layout = layout  # a ParallelLayout: its DP group averages the gradients (None: megatron's)
         self.params = [p for p in model.parameters() if p.requires_grad]
         # bf16 / fp16 parameters: optimise fp32 master copies, write the result back in place
         self.mixed = any(p.dtype in (torch.bfloat16, torch.float16) for p in self.params)
@@ -47,12 +48,14 @@ class TorchOptimizer:
                 p.grad = None
 
     def _reduce_dp(self) -> None:
-        from verl_bridge.parallel import data_parallel_group, data_parallel_world_size
+        if self.layout is not None:
+            dp, group = self.layout.dp_size, self.layout.dp_group
+        else:  # built without a layout (a bare model in a test): the current DP group
+            from verl_bridge.distributed import data_parallel_group, data_parallel_world_size
 
-        dp = data_parallel_world_size()
+            dp, group = data_parallel_world_size(), data_parallel_group()
         if dp == 1:
             return
-        group = data_parallel_group()
         grads = [p.grad for p in self.params if p.grad is not None]
         if not grads:
             return
@@ -121,8 +124,8 @@ class TorchOptimizer:
                     m.copy_(saved if saved is not None else p.float())
 
 
-def build_optimizer(model: torch.nn.Module, optim_cfg) -> TorchOptimizer:
+def build_optimizer(model: torch.nn.Module, optim_cfg, layout=None) -> TorchOptimizer:
     return TorchOptimizer(
         model, lr=optim_cfg.lr, weight_decay=optim_cfg.weight_decay, betas=optim_cfg.betas,
-        eps=optim_cfg.eps, clip_grad=optim_cfg.clip_grad, warmup_steps=optim_cfg.warmup_steps,
+        eps=optim_cfg.eps, clip_grad=optim_cfg.clip_grad, warmup_steps=optim_cfg.warmup_steps, layout=layout,
     )

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_bridge.config.schema import Config
-from verl_bridge.parallel import ParallelLayout
+from verl_bridge.distributed.layout import ParallelLayout
 from verl_bridge.runtime.roles import Roles
 
 

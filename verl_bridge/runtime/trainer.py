@@ -28,6 +28,7 @@ from verl_bridge import algorithms as A
 from verl_bridge.algorithms.registry import ALGORITHMS
 from verl_bridge.config import Config, dump_config, load_config
 from verl_bridge.data.prompts import PromptSource, eval_samples
+from verl_bridge.distributed.layout import ParallelLayout
 from verl_bridge.rollout.producer import FunctionReward, RolloutProducer, rollout_seed
 from verl_bridge.runtime.batch import Experience
 from verl_bridge.runtime.experience import make_experience
@@ -37,25 +38,21 @@ from verl_bridge.runtime.state import TrainerState
 from verl_bridge.runtime.update import update
 
 
-def _mean_over_dp(values: dict[str, float]) -> dict[str, float]:
-    from verl_bridge.parallel import data_parallel_group, data_parallel_world_size
-
-    dp = data_parallel_world_size()
+def _mean_over_dp(values: dict[str, float], layout: ParallelLayout) -> dict[str, float]:
+    dp = layout.dp_size
     if dp == 1 or not values:
         return values
     keys = sorted(values)
     t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
-    dist.all_reduce(t, group=data_parallel_group())
+    dist.all_reduce(t, group=layout.dp_group)
     return {k: float(v) / dp for k, v in zip(keys, t.tolist())}
 
 
-def _sum_over_dp(x: float) -> float:
-    from verl_bridge.parallel import data_parallel_group, data_parallel_world_size
-
-    if data_parallel_world_size() == 1:
+def _sum_over_dp(x: float, layout: ParallelLayout) -> float:
+    if layout.dp_size == 1:
         return x
     t = torch.tensor([x], dtype=torch.float64)
-    dist.all_reduce(t, group=data_parallel_group())
+    dist.all_reduce(t, group=layout.dp_group)
     return float(t.item())
 
 
@@ -97,7 +94,7 @@ class MegatronTrainer:
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
         from verl_bridge.bridge import MegatronBridge
-        from verl_bridge.parallel import seed_everything
+        from verl_bridge.distributed import seed_everything
         from verl_bridge.placement.runtime import Placement
         from verl_bridge.placement.scorer import build_scorer
 
@@ -117,7 +114,7 @@ class MegatronTrainer:
             return build_scorer(cfg, bridge=self.bridge, device=self.device, reward_fn=self.reward_fn,
                                 tokenizer=self.tokenizer)
 
-        self.placement = Placement.from_config(cfg, scorer)  # None: every role colocated, reward a function
+        self.placement = Placement.from_config(cfg, self.layout, scorer)  # None: every role colocated, reward a function
         if self.placement is not None and self.placement.is_reward_rank:
             return  # a separate reward group builds only its scorer
         roles = self.bridge.build_roles()
@@ -177,12 +174,9 @@ class MegatronTrainer:
 
     def evaluate(self, step: int) -> dict[str, float]:
         """``eval/*`` metrics of the actor as it is now (:mod:`verl_bridge.runtime.evaluation`)."""
-        from verl_bridge.parallel import data_parallel_group, data_parallel_rank, data_parallel_world_size
         from verl_bridge.runtime.evaluation import evaluate
 
-        dp_size = data_parallel_world_size()
-        return evaluate(self.producer, self.eval_prompts(), step, config=self.config, dp_size=dp_size,
-                        dp_rank=data_parallel_rank(), dp_group=data_parallel_group() if dp_size > 1 else None)
+        return evaluate(self.producer, self.eval_prompts(), step, config=self.config, layout=self.layout)
 
     def train_step(self, step: int) -> dict[str, float]:
         state = self.state
@@ -201,8 +195,8 @@ class MegatronTrainer:
         mask = exp.response_mask
         metrics["reward_mean"] = float(exp.scores.mean())
         metrics["response_length"] = float(mask.sum(dim=1).mean())
-        metrics = _mean_over_dp(metrics)
-        tokens = _sum_over_dp(float(exp.attention_mask.sum()))
+        metrics = _mean_over_dp(metrics, self.layout)
+        tokens = _sum_over_dp(float(exp.attention_mask.sum()), self.layout)
         elapsed = time.perf_counter() - t0
         metrics.update(throughput_tokens_per_s=tokens / elapsed, time_rollout_s=t_rollout,
                        time_train_s=t_train, time_step_s=elapsed)

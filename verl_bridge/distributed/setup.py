@@ -1,6 +1,8 @@
-"""Distributed setup in one place: process groups, device, seeding.
+"""Distributed setup in one place: torch.distributed, megatron's parallel_state, device, seeding.
 
-Roles receive process groups from here; they never create them. Under ``torchrun`` the usual
+:func:`init_model_parallel` (or :func:`current_layout`, after a user's ``initialize_megatron``)
+returns the :class:`~verl_bridge.distributed.layout.ParallelLayout` with this rank's process groups;
+the trainer passes it down, and roles never create groups. Under ``torchrun`` the usual
 environment variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) are read; a
 plain ``python`` run is a world of one. The backend is gloo on CPU and NCCL on CUDA.
 """
@@ -10,32 +12,10 @@ from __future__ import annotations
 import os
 import random
 import socket
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 
-
-@dataclass(frozen=True)
-class ParallelLayout:
-    world_size: int
-    rank: int
-    tp_size: int
-    pp_size: int
-    dp_size: int
-    tp_rank: int
-    pp_rank: int
-    dp_rank: int
-    device: torch.device
-    sequence_parallel: bool = False
-
-    @property
-    def is_last_stage(self) -> bool:
-        return self.pp_rank == self.pp_size - 1
-
-    @property
-    def is_first_stage(self) -> bool:
-        return self.pp_rank == 0
+from verl_bridge.distributed.layout import ParallelLayout
 
 
 def free_port() -> int:
@@ -133,6 +113,9 @@ def current_layout(sequence_parallel: bool = False) -> ParallelLayout:
         dp_rank=data_parallel_rank(),
         device=pick_device(),
         sequence_parallel=sequence_parallel,
+        tp_group=mpu.get_tensor_model_parallel_group(),
+        tp_src_rank=mpu.get_tensor_model_parallel_src_rank(),
+        dp_group=data_parallel_group(),
     )
 
 
