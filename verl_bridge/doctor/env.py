@@ -50,9 +50,25 @@ def same_release(a: str | None, b: str | None) -> bool:
 class Dist:
     name: str
     version: str
-    location: str
+    location: str  # the directory holding the *.dist-info (or *.egg-info) folder
     requires: list[str] = field(default_factory=list)
-    files: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # RECORD entries, relative to site (filled lazily)
+    info_dir: str = ""
+    top_level: list[str] = field(default_factory=list)  # import names this distribution provides
+
+    def site(self) -> str:
+        """The directory the RECORD paths are relative to."""
+        return os.path.dirname(self.info_dir) if self.info_dir else self.location
+
+    def missing_files(self, suffixes: tuple[str, ...] = (".py",)) -> list[str]:
+        """RECORD entries (with these suffixes) that are gone from disk."""
+        site = self.site()
+        out = []
+        for rel in self.files:
+            if rel.endswith(suffixes) and not rel.startswith(("..", "/")) and "__pycache__" not in rel:
+                if not os.path.exists(os.path.join(site, rel)):
+                    out.append(rel)
+        return out
 
 
 class DistIndex:
@@ -65,12 +81,35 @@ class DistIndex:
                 name = dist.metadata["Name"]
                 if not name:
                     continue
-                loc = str(getattr(dist, "_path", "") or dist.locate_file(""))
+                info = str(getattr(dist, "_path", "") or "")
+                loc = os.path.dirname(info) if info else str(dist.locate_file(""))
+                files, tops = _record(dist)
                 self.by_name.setdefault(normalize(name), []).append(
-                    Dist(name, dist.version or "", loc, list(dist.requires or []), [])
+                    Dist(name, dist.version or "", loc, list(dist.requires or []), files, info, tops)
                 )
             except Exception:  # a broken METADATA must not break the doctor
                 continue
+
+    def providers(self, top: str) -> list[Dist]:
+        """Installed distributions that ship the top-level import name ``top`` (from their
+        top_level.txt or RECORD), in sys.path order."""
+        out: list[Dist] = []
+        for dists in self.by_name.values():
+            out += [d for d in dists if top in d.top_level]
+        return out
+
+    def owner_of(self, path: str) -> Dist | None:
+        """The distribution whose RECORD lists the file ``path``."""
+        real = os.path.realpath(path)
+        for dists in self.by_name.values():
+            for d in dists:
+                site = os.path.realpath(d.site())
+                if not real.startswith(site + os.sep):
+                    continue
+                rel = os.path.relpath(real, site).replace(os.sep, "/")
+                if rel in d.files:
+                    return d
+        return None
 
     def get(self, name: str) -> Dist | None:
         found = self.by_name.get(normalize(name))
@@ -90,6 +129,35 @@ class DistIndex:
             if rx.fullmatch(key):
                 out.extend(dists)
         return out
+
+
+def _record(dist: md.Distribution) -> tuple[list[str], list[str]]:
+    """(RECORD file list, top-level import names) of an installed distribution."""
+    files: list[str] = []
+    try:
+        text = dist.read_text("RECORD") or dist.read_text("installed-files.txt") or ""
+    except Exception:
+        text = ""
+    for line in text.splitlines():
+        rel = line.split(",", 1)[0].strip()
+        if rel:
+            files.append(rel)
+    tops: list[str] = []
+    try:
+        top_txt = dist.read_text("top_level.txt") or ""
+    except Exception:
+        top_txt = ""
+    for name in top_txt.split():
+        if name and name not in tops:
+            tops.append(name.replace("/", "."))
+    for rel in files:
+        first = rel.split("/", 1)[0]
+        if not first or first.startswith(("..", "__pycache__")) or first.endswith((".dist-info", ".egg-info", ".data", ".pth")):
+            continue
+        name = first.split(".", 1)[0] if "/" not in rel else first
+        if name.isidentifier() and name not in tops:
+            tops.append(name)
+    return files, tops
 
 
 def requirement_pins(requires: list[str], package: str) -> list[str]:
@@ -154,9 +222,13 @@ class ModuleLoc:
     error: str | None = None
 
 
-def find_top(name: str) -> ModuleLoc:
+def find_top(name: str, path: list[str] | None = None) -> ModuleLoc:
+    """Where ``import name`` resolves on ``path`` (default: this process's sys.path)."""
     try:
-        spec = importlib.util.find_spec(name)
+        if path is None:
+            spec = importlib.util.find_spec(name)
+        else:
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
     except Exception as exc:  # find_spec of a top-level name does not execute it, but be safe
         return ModuleLoc(name, False, error=f"{type(exc).__name__}: {exc}")
     if spec is None:
@@ -241,3 +313,76 @@ def library_dirs() -> list[str]:
         if d not in dirs:
             dirs.append(d)
     return dirs
+
+
+def interpreter_flags() -> list[str]:
+    """The interpreter flags (-I, -E, -s, -S) this process runs with, to pass on to probes."""
+    flags = []
+    if sys.flags.isolated:
+        flags.append("-I")
+    else:
+        if sys.flags.ignore_environment:
+            flags.append("-E")
+        if sys.flags.no_user_site:
+            flags.append("-s")
+    if sys.flags.no_site:
+        flags.append("-S")
+    return flags
+
+
+def user_sys_path(cwd: str | None = None, timeout: float = 30.0) -> list[str]:
+    """``sys.path`` of the user's ``python`` started in ``cwd``: the current directory first
+    (as ``python -c``/``python -m``/the REPL put it), then PYTHONPATH, the standard library and
+    site-packages. The doctor's own ``sys.path`` differs when it runs as the ``verl-bridge``
+    console script (its first entry is the script's folder, not the current directory)."""
+    import json
+    import subprocess
+
+    cwd = cwd or os.getcwd()
+    try:
+        proc = subprocess.run([sys.executable, *interpreter_flags(), "-c", "import sys, json; print(json.dumps(sys.path))"],
+                              capture_output=True, text=True, cwd=cwd, timeout=timeout, stdin=subprocess.DEVNULL)
+        path = json.loads(proc.stdout.strip().splitlines()[-1])
+    except Exception:  # fall back to our own path with the current directory first
+        path = [""] + [p for p in sys.path[1:]]
+    return [cwd if p in ("", ".") else p for p in path]
+
+
+def cwd_shadow(loc: ModuleLoc, path: list[str], cwd: str | None = None) -> str | None:
+    """The current directory when it is what ``loc`` resolves from only because ``python``
+    puts the current directory first on sys.path; else None."""
+    cwd = os.path.realpath(cwd or os.getcwd())
+    if not loc.found:
+        return None
+    if loc.origin:
+        entry = os.path.dirname(loc.origin)
+        if os.path.basename(loc.origin).startswith("__init__."):
+            entry = os.path.dirname(entry)
+        entries = [entry]
+    else:
+        entries = [os.path.dirname(p) for p in loc.locations]
+    if not entries or any(os.path.realpath(e) != cwd for e in entries[:1]):
+        return None
+    # the current directory is path[0]; when it is also listed later (PYTHONPATH=.), it is on purpose
+    rest = [os.path.realpath(p) for p in path[1:]]
+    return None if cwd in rest else cwd
+
+
+def is_empty_tree(path: str) -> bool:
+    """True for a directory that holds no files at all except ``__pycache__`` leftovers."""
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        if files:
+            return False
+    return True
+
+
+def leftover_dir(loc: ModuleLoc) -> str | None:
+    """A top-level name that resolves only to empty directories (an uninstall left the folder
+    behind): ``import name`` then succeeds as an empty namespace package, and code that tests
+    for the package by importing it (megatron.core does, for Transformer Engine) breaks."""
+    if not loc.found or not loc.namespace or not loc.locations:
+        return None
+    if all(is_empty_tree(p) for p in loc.locations):
+        return loc.locations[0]
+    return None

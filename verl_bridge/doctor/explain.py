@@ -71,7 +71,9 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None) -> None:
                     match.fix = f"use {entry.new} (" + entry.when() + ")\n" + match.fix
 
 
-def explain(text: str, torch_cxx11_abi: bool | None = None) -> list[Match]:
+def explain(text: str, torch_cxx11_abi: bool | None = None, install=None) -> list[Match]:
+    """Matches for ``text``, best first. ``install(module) -> fix`` names the distribution for a
+    missing module (default: from this environment's metadata, ``dists.install_fix``)."""
     text = text or ""
     matches: list[Match] = []
     for sig in SIGNATURES:
@@ -96,9 +98,13 @@ def explain(text: str, torch_cxx11_abi: bool | None = None) -> list[Match]:
             missing = re.findall(r"No module named '([\w.]+)'", text)
             if missing:
                 mod = missing[-1]
-                top = mod.split(".")[0]
+                if install is None:
+                    from . import dists, env
+
+                    fix = dists.install_fix(mod, env.DistIndex())
+                else:
+                    fix = install(mod)
                 matches.append(Match("python-missing-module", f"Python cannot find the module `{mod}` in this "
-                                     "environment (not installed, or installed for another interpreter)",
-                                     f"python -m pip install {top.replace('_', '-')}  # the distribution name may differ; "
-                                     "then run: verl-bridge doctor"))
+                                     "environment (not installed, its files were removed, or installed for another "
+                                     "interpreter)", fix + "\n# then check again: verl-bridge doctor"))
     return matches

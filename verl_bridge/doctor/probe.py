@@ -30,7 +30,12 @@ def plain(v):
 for step in json.loads(sys.argv[1]):
     emit({"step": step["name"], "started": True})
     try:
-        if step["kind"] == "load":
+        if step["kind"] == "exec":
+            m = None
+            scope = {"sys": sys, "importlib": importlib}
+            exec(step["code"], scope)
+            m = scope.get("m")
+        elif step["kind"] == "load":
             spec = importlib.util.spec_from_file_location(step["module"], step["path"])
             m = importlib.util.module_from_spec(spec)
             sys.modules[step["module"]] = m
@@ -56,14 +61,15 @@ for step in json.loads(sys.argv[1]):
 class Step:
     name: str
     module: str
-    kind: str = "import"  # "import" | "load"
+    kind: str = "import"  # "import" | "load" | "exec"
     path: str | None = None  # file to load for kind == "load"
+    code: str = ""  # for kind == "exec": statements that raise on failure and may bind `m`
     data: dict[str, str] = field(default_factory=dict)  # key -> expression over the module `m`
     stop_on_error: bool = False
 
     def to_json(self) -> dict:
         return {
-            "name": self.name, "module": self.module, "kind": self.kind, "path": self.path,
+            "name": self.name, "module": self.module, "kind": self.kind, "path": self.path, "code": self.code,
             "data": self.data, "stop_on_error": self.stop_on_error,
         }
 
@@ -94,17 +100,9 @@ class StepResult:
 
 def _interpreter_flags() -> list[str]:
     """Run probes under the same interpreter configuration as the doctor (-S, -s, -E, -I)."""
-    flags = []
-    if sys.flags.isolated:
-        flags.append("-I")
-    else:
-        if sys.flags.ignore_environment:
-            flags.append("-E")
-        if sys.flags.no_user_site:
-            flags.append("-s")
-    if sys.flags.no_site:
-        flags.append("-S")
-    return flags
+    from .env import interpreter_flags
+
+    return interpreter_flags()
 
 
 class Probe:
@@ -118,7 +116,9 @@ class Probe:
         self.start_error: str | None = None
         self._t0 = 0.0
 
-    def start(self) -> None:
+    def start(self, cwd: str | None = None) -> None:
+        """Start the child: ``python -c`` in ``cwd``, so its sys.path is the user's ``python``'s
+        there (the current directory first)."""
         env = dict(os.environ)
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env.setdefault("PYTHONWARNINGS", "ignore")
@@ -128,7 +128,7 @@ class Probe:
             self.proc = subprocess.Popen(
                 [sys.executable, *_interpreter_flags(), "-c", _CHILD, json.dumps([s.to_json() for s in self.steps])],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=env, start_new_session=True,
+                env=env, start_new_session=True, cwd=cwd,
             )
         except OSError as exc:
             self.start_error = f"could not start {sys.executable}: {exc}"
@@ -198,10 +198,25 @@ class Probe:
         return self.results.get(step) or StepResult(step, "not-run")
 
 
-def run_probes(probes: list[Probe], timeout: float) -> None:
-    """Start every probe at once and collect them all before ``timeout`` seconds have passed."""
-    deadline = time.monotonic() + timeout
+def run_probes(probes: list[Probe], timeout: float, cwd: str | None = None, progress=None) -> None:
+    """Start every probe at once and collect them all before ``timeout`` seconds have passed.
+
+    Each probe is collected by its own thread (``communicate`` drains both pipes, so a chatty
+    import never blocks); ``progress(waiting, elapsed)`` is called about once a second while
+    some are still running.
+    """
+    import threading
+
+    t0 = time.monotonic()
+    deadline = t0 + timeout
     for p in probes:
-        p.start()
-    for p in probes:
-        p.finish(deadline)
+        p.start(cwd)
+    threads = [threading.Thread(target=p.finish, args=(deadline,), daemon=True) for p in probes]
+    for t in threads:
+        t.start()
+    for p, t in zip(probes, threads):
+        while t.is_alive():
+            t.join(timeout=1.0)
+            if t.is_alive() and progress is not None:
+                waiting = [q.name for q, u in zip(probes, threads) if u.is_alive()]
+                progress(waiting, time.monotonic() - t0)

@@ -15,6 +15,8 @@ class CheckResult:
     summary: str
     fix: str = ""
     evidence: list[str] = field(default_factory=list)
+    verified: bool = True  # False: an import probe did not finish, the status is "unknown" (shown as warn)
+    required: bool = False  # an unverified required component (torch, megatron-core) fails the doctor
 
     def to_dict(self) -> dict:
         return {
@@ -23,7 +25,13 @@ class CheckResult:
             "summary": self.summary,
             "fix": self.fix,
             "evidence": list(self.evidence),
+            "verified": self.verified,
         }
+
+    @property
+    def blocking(self) -> bool:
+        """Makes the doctor exit 1 without --strict: an error, or an unknown required component."""
+        return self.status == ERROR or (not self.verified and self.required)
 
 
 def worst(*statuses: str) -> str:
@@ -40,6 +48,14 @@ class Findings:
         self.check_id = check_id
         self.problems: list[tuple[str, str, str]] = []  # (status, message, fix)
         self.evidence: list[str] = []
+        self.unverified = False
+        self.required = False
+
+    def unknown(self, message: str, fix: str, required: bool = False) -> None:
+        """A probe that did not finish: never "ok"; for a required component it fails the doctor."""
+        self.unverified = True
+        self.required = self.required or required
+        self.add(WARN, message, fix)
 
     def add(self, status: str, message: str, fix: str = "") -> None:
         self.problems.append((status, message, fix))
@@ -50,6 +66,12 @@ class Findings:
     def result(self, ok_summary: str) -> CheckResult:
         if not self.problems:
             return CheckResult(self.check_id, OK, ok_summary, "", self.evidence)
+        res = self._fold()
+        res.verified = not self.unverified
+        res.required = self.required
+        return res
+
+    def _fold(self) -> CheckResult:
         ordered = sorted(self.problems, key=lambda p: -_RANK[p[0]])
         status = ordered[0][0]
         summary = "; ".join(msg for _, msg, _ in ordered)

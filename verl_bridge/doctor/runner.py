@@ -29,7 +29,39 @@ CHECKS = {
 assert tuple(CHECKS) == CHECK_IDS
 
 
-def run_checks(config_path: str | None = None, timeout: float = 4.0) -> tuple[list[CheckResult], float]:
+def progress_line(stream=None):
+    """A ``progress(waiting, elapsed)`` callback: a rewritten line on a terminal; elsewhere one
+    line after 10 s (so CI logs show why the doctor waits) and nothing more."""
+    import sys
+
+    stream = stream or sys.stderr
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    said = {"plain": False, "tty": False}
+
+    def show(waiting: list[str], elapsed: float) -> None:
+        if not waiting:
+            return
+        text = f"verl-bridge doctor: waiting for `import {', '.join(waiting)}` ({elapsed:.0f} s)"
+        if tty:
+            stream.write("\r" + text + "\033[K")
+            said["tty"] = True
+            stream.flush()
+        elif elapsed >= 10 and not said["plain"]:
+            stream.write(text + " ...\n")
+            said["plain"] = True
+            stream.flush()
+
+    def done() -> None:
+        if said["tty"]:
+            stream.write("\r\033[K")
+            stream.flush()
+
+    show.done = done  # type: ignore[attr-defined]
+    return show
+
+
+def run_checks(config_path: str | None = None, timeout: float = 60.0,
+               progress=None) -> tuple[list[CheckResult], float]:
     t0 = time.monotonic()
     ctx = Context(config_path=config_path, timeout=timeout)
     try:
@@ -37,15 +69,9 @@ def run_checks(config_path: str | None = None, timeout: float = 4.0) -> tuple[li
     except Exception:  # planning reads only metadata; if even that fails, run without probes
         probes = []
     ctx.probes = {p.name: p for p in probes}
-    for p in probes:
-        p.start()
-    try:
-        _ = ctx.dists  # read all metadata while the probes import
-    except Exception:
-        pass
-    deadline = t0 + timeout
-    for p in probes:
-        p.finish(deadline)
+    run_probes(probes, max(0.0, timeout - (time.monotonic() - t0)), cwd=ctx.cwd, progress=progress)
+    if progress is not None and hasattr(progress, "done"):
+        progress.done()
     results: list[CheckResult] = []
     for cid, fn in CHECKS.items():
         try:
