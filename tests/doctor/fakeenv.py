@@ -40,13 +40,17 @@ class FakeEnv:
                 (self.support / src.name).symlink_to(src)
 
     # -- building ---------------------------------------------------------------------------
-    def dist(self, name: str, version: str, requires: list[str] | None = None, where: Path | None = None) -> Path:
+    def dist(self, name: str, version: str, requires: list[str] | None = None, where: Path | None = None,
+             files: list[str] | None = None) -> Path:
+        """A *.dist-info; ``files`` (paths relative to the site folder) go into its RECORD."""
         where = where or self.site
         info = where / f"{name.replace('-', '_')}-{version}.dist-info"
         info.mkdir(parents=True, exist_ok=True)
         lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
         lines += [f"Requires-Dist: {r}" for r in requires or []]
         (info / "METADATA").write_text("\n".join(lines) + "\n")
+        if files is not None:
+            (info / "RECORD").write_text("".join(f"{f},," + "\n" for f in files + [f"{info.name}/METADATA"]))
         return info
 
     def file(self, rel: str, content: str = "", where: Path | None = None) -> Path:
@@ -81,7 +85,8 @@ class FakeEnv:
 
     def megatron_core(self, version: str = "0.13.1", init: str = "", training: bool = True, where: Path | None = None) -> None:
         major, minor, patch = version.split(".")
-        self.dist("megatron-core", version, where=where)
+        core_files = ["megatron/core/__init__.py", "megatron/core/package_info.py", "megatron/core/parallel_state.py"]
+        self.dist("megatron-core", version, where=where, files=core_files)
         self.file("megatron/core/__init__.py", init, where=where)
         self.file("megatron/core/package_info.py", f"""
             MAJOR = {major}

