@@ -38,6 +38,16 @@ CASES = [
     ("ImportError: /usr/lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.30' not found", "torch-libstdcxx"),
     ("from verl.trainer.rl_trainer.megatron import MegatronTrainer\nModuleNotFoundError: No module named 'verl'",
      "verl-bridge-import-path"),
+    ("[rank2]:     model = GPTModel(\nTypeError: TransformerLayer.__init__() got an unexpected keyword argument "
+     "'apply_query_key_layer_scaling'", "api-drift-keyword"),
+    ("ImportError: libcuda.so.1: cannot open shared object file: No such file or directory", "cuda-driver-missing"),
+    ("/sbin/ldconfig.real: /usr/local/cuda/lib64/libcudnn.so.5 is not a symbolic link", "cudnn-ldconfig"),
+    ("Could not load library libcudnn_cnn_infer.so.8. Error: libcuda.so: cannot open shared object file",
+     "cuda-driver-missing"),
+    ("Could not load library libcudnn_ops_infer.so.8. Error: libcudnn_ops_infer.so.8: cannot open shared object file",
+     "cudnn-missing"),
+    ("Traceback (most recent call last):\n  File \"<stdin>\", line 1, in <module>\n  File \"torch/__init__.py\", "
+     "line 45, in <module>\n    from torch._C import *\nImportError: No module named _C", "shadowed-by-local-folder"),
 ]
 
 
@@ -92,6 +102,33 @@ def test_cli_explain_json_from_stdin_and_file(fake: FakeEnv):
     assert none.rc == 0 and none.json() == {"matches": []}
     missing = fake.run("--explain", str(fake.root / "nope.txt"))
     assert missing.rc == 2 and "no such file" in missing.err
+
+
+def test_explain_takes_literal_text(fake: FakeEnv):
+    run = fake.run("--explain", "ImportError: libcuda.so.1: cannot open shared object file: No such file or directory",
+                   "--json")
+    assert run.rc == 1 and run.json()["matches"][0]["id"] == "cuda-driver-missing"
+    typo = fake.run("--explain", "logs/run.txt")
+    assert typo.rc == 2 and "no such file: logs/run.txt" in typo.err
+
+
+def test_no_fix_installs_an_import_name_that_is_another_project():
+    """`pip install megatron` installs the unrelated PyPI project megatron 0.5.1: never print it."""
+    from verl_bridge.doctor import dists
+    from verl_bridge.doctor.env import DistIndex
+
+    assert dists.bad_install('pip install megatron') == ["megatron"]
+    assert dists.bad_install('pip install "megatron-core>=0.12,<0.20"') == []
+    for sig in knowledge.SIGNATURES:
+        assert not dists.bad_install(sig.fix), sig.id
+    empty = DistIndex([])
+    for name in list(dists.UNRELATED) + ["megatron.core", "megatron.core.timers", "megatron.training",
+                                         "transformer_engine.pytorch", "flash_attn_2_cuda", "amp_C"]:
+        for m in explain(f"ModuleNotFoundError: No module named '{name}'", install=lambda mod: dists.install_fix(mod, empty)):
+            assert not dists.bad_install(m.fix), (name, m.fix)
+        assert not dists.bad_install(dists.install_fix(name, empty)), name
+    assert dists.install_fix("megatron.core.timers", empty) == 'pip install "megatron-core>=0.12,<0.20"'
+    assert dists.install_fix("yaml", empty) == 'pip install "pyyaml"'
 
 
 def test_unknown_missing_module_falls_back_to_a_generic_cause():

@@ -73,3 +73,34 @@ def test_scan_against_the_installed_megatron_core(tmp_path):
     assert [f["line"] for f in findings] == [1]
     assert findings[0]["replacement"].endswith("get_expert_tensor_and_model_parallel_group")
     assert run.rc == 1 and run.elapsed < 5
+
+
+def test_scan_megatron_lm_checkout_shape(fake: FakeEnv):
+    """A Megatron-LM checkout's shape (our own small tree): its vendored megatron/core is not scanned,
+    its own megatron.training resolves, Megatron-LM names are not called "missing from megatron-core",
+    repeated findings are grouped and the summary comes first."""
+    _fake_core(fake)
+    import shutil
+    shutil.rmtree(fake.site / "megatron" / "training")  # the megatron-core wheel (< 0.17) has no megatron.training
+    lm = fake.root / "Megatron-LM"
+    fake.file("megatron/core/__init__.py", "from megatron.core.not_there import x\n", where=lm)
+    fake.file("megatron/core/parallel_state.py", "from megatron.core.gone import y\n", where=lm)
+    fake.file("megatron/training/__init__.py", "from .global_vars import get_args\n", where=lm)
+    fake.file("megatron/training/global_vars.py", "def get_args():\n    pass\n", where=lm)
+    fake.file("pretrain_gpt.py", "from megatron.training import get_args\nfrom megatron.core.models.gpt import GPTModel\n",
+              where=lm)
+    run = fake.run("--scan", str(lm), "--json")
+    data = run.json()
+    assert data["findings"] == [] and run.rc == 0, data  # nothing from the vendored megatron/core
+    user = fake.root / "user"
+    for i in range(5):
+        fake.file(f"train_{i}.py", "from megatron.training import get_args\nfrom megatron import mpu\n"
+                                    "mpu.get_tensor_model_parallel_rank()\n", where=user)
+    run = fake.run("--scan", str(user))
+    lines = run.out.splitlines()
+    assert lines[1].startswith("15 findings in 5 files:") and "Megatron-LM names" in lines[1], run.out
+    assert "missing from the installed" not in lines[1]
+    assert sum("megatron.training (5x)" in ln for ln in lines) == 1
+    assert "fix: use megatron.core.parallel_state" in run.out
+    assert run.rc == 0  # Megatron-LM names are information, not errors (--strict makes them count)
+    assert fake.run("--scan", str(user), "--strict").rc == 1

@@ -133,20 +133,25 @@ def _looks_like_text(arg: str) -> bool:
 
 
 def _scan(paths: list[str], as_json: bool, strict: bool) -> int:
-    from .scan import InstalledMegatron, scan
+    from .scan import InstalledMegatron, group, scan, summary_line
 
     installed = InstalledMegatron()
     findings, notes = scan(paths, installed)
+    groups = group(findings)
     if as_json:
-        click.echo(json.dumps({"megatron_core": installed.version, "findings": [f.to_dict() for f in findings],
-                               "notes": notes}, indent=2))
+        click.echo(json.dumps({"megatron_core": installed.version, "summary": summary_line(findings),
+                               "groups": groups, "findings": [f.to_dict() for f in findings], "notes": notes}, indent=2))
     else:
         click.echo(f"installed megatron-core: {installed.version or 'not installed'}")
-        for f in findings:
-            mark = {"missing": "✗", "renamed-keyword": "✗", "deprecated": "!"}.get(f.status, "?")
-            click.echo(f"{mark} {f.path}:{f.line}  {f.message}")
-            if f.replacement:
-                click.echo(f"    fix: use {f.replacement}")
+        click.echo(summary_line(findings))
+        marks = {"missing": "✗", "renamed-keyword": "✗", "deprecated": "!", "megatron-lm": "·"}
+        for g in groups:
+            where = ", ".join(g["where"][:3]) + (f" and {g['count'] - 3} more" if g["count"] > 3 else "")
+            times = f" ({g['count']}x)" if g["count"] > 1 else ""
+            click.echo(f"{marks.get(g['status'], '?')} {g['name']}{times}: {g['message']}")
+            click.echo(f"    at {where}")
+            if g["replacement"]:
+                click.echo(f"    fix: use {g['replacement']}")
         for n in notes:
             click.echo(f"note: {n}")
         if not findings:

@@ -398,6 +398,63 @@ SIGNATURES: tuple[Signature, ...] = (
         none_of=(r"undefined symbol:?\s*nccl",),
         source="https://github.com/pytorch/pytorch/issues/120186",
     ),
+    # source: https://github.com/NVIDIA/TransformerEngine/issues/1030
+    Signature(
+        "api-drift-keyword",
+        (r"TypeError: (?P<func>[\w.]+)(?:\.__init__)?\(\) got an unexpected keyword argument '(?P<kw>\w+)'",),
+        "API drift: `{func}` does not take `{kw}=` in the installed version; the calling code was written for "
+        "another release of the library that defines it (megatron-core, Transformer Engine and Megatron-LM "
+        "rename and drop keywords between releases)",
+        "find the call and the version it expects: verl-bridge doctor --scan <your code>  # lists renamed keywords\n"
+        "# then install the release the code was written for, or update the call to the installed API",
+        weight=22,
+        source="https://github.com/NVIDIA/TransformerEngine/issues/1030",
+    ),
+    # source: https://github.com/NVIDIA/cudf/issues/14385
+    Signature(
+        "cuda-driver-missing",
+        (r"libcuda\.so(?:\.1)?: cannot open shared object file",),
+        "libcuda.so.1 is the NVIDIA driver's library: there is no driver on this machine (a CPU node, or a "
+        "container started without GPU access); a pip package cannot provide it",
+        "run on a GPU node / start the container with GPUs (docker run --gpus all ...); check with: nvidia-smi\n"
+        "# on a CPU-only machine use a CPU build (pip install torch --index-url https://download.pytorch.org/whl/cpu)",
+        weight=48,
+        source="https://github.com/NVIDIA/cudf/issues/14385",
+    ),
+    # source: https://github.com/tensorflow/tensorflow/issues/2986
+    Signature(
+        "cudnn-ldconfig",
+        (r"ldconfig(?:\.real)?: (?P<lib>\S*libcudnn\S*\.so\S*) is not a symbolic link",),
+        "ldconfig warns that {lib} is a copy instead of a symlink: cuDNN was unpacked with `cp` (not `cp -P`), so "
+        "the loader cache may point at the wrong cuDNN; the warning itself is harmless",
+        "recreate the links in that folder, e.g.: cd $(dirname {lib}) && sudo ln -sf $(ls libcudnn.so.*.*.* | head -1) "
+        "libcudnn.so.$(ls libcudnn.so.*.*.* | head -1 | cut -d. -f3) && sudo ldconfig\n"
+        "# or use the pip wheels instead of a system cuDNN: pip install --force-reinstall torch",
+        weight=40,
+        source="https://github.com/tensorflow/tensorflow/issues/2986",
+    ),
+    # source: https://github.com/AILab-CVC/Make-Your-Video/issues/4
+    Signature(
+        "cudnn-missing",
+        (r"Could not load library (?P<lib>libcudnn\w*\.so[\d.]*)|(?P<lib2>libcudnn\w*\.so[\d.]*): cannot open shared object file",),
+        "cuDNN ({lib}{lib2}) is not installed or not on the loader path; torch wheels bring it as "
+        "nvidia-cudnn-cu12, a system install needs LD_LIBRARY_PATH",
+        "pip install --force-reinstall torch  # brings nvidia-cudnn-cu12 into the environment\n"
+        "# or, for a system cuDNN: ldconfig -p | grep libcudnn and export LD_LIBRARY_PATH=<its folder>:$LD_LIBRARY_PATH",
+        weight=42,
+        source="https://github.com/AILab-CVC/Make-Your-Video/issues/4",
+    ),
+    # source: https://github.com/pytorch/pytorch/issues/574
+    Signature(
+        "shadowed-by-local-folder",
+        (r"File \"(?P<path>(?!/)[^\"]*?(?P<pkg>torch|megatron|vllm|transformer_engine|flash_attn|apex)[/\\]__init__\.py)\"",
+         r"(?:ImportError|ModuleNotFoundError|AttributeError|NameError)"),
+        "the traceback shows `{pkg}` imported from the relative path {path}: a `{pkg}` folder in the current "
+        "directory (a source checkout) shadows the installed package",
+        "run from another directory (cd ..), or remove the folder from PYTHONPATH; check with: verl-bridge doctor",
+        weight=47,
+        source="https://github.com/pytorch/pytorch/issues/574",
+    ),
     # Not from an upstream thread: the seed article's import path, mapped to this project's.
     Signature(
         "verl-bridge-import-path",

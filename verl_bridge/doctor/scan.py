@@ -24,7 +24,7 @@ class Finding:
     path: str
     line: int
     name: str
-    status: str  # "missing" | "deprecated" | "renamed-keyword"
+    status: str  # "missing" | "deprecated" | "renamed-keyword" | "megatron-lm" (needs a Megatron-LM checkout)
     message: str
     replacement: str | None = None
     version: str | None = None
@@ -174,19 +174,55 @@ class _Collector(ast.NodeVisitor):
 
 
 def python_files(path: str) -> list[Path]:
+    """Python files under ``path``; a checkout's own ``megatron/core`` (megatron-core's sources,
+    vendored in every Megatron-LM checkout) is not user code and is skipped."""
     p = Path(path)
     if p.is_file():
         return [p]
     out: list[Path] = []
     for root, dirs, files in os.walk(p):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith(".")
+                         and not (d == "core" and os.path.basename(root) == "megatron"))
         out += [Path(root) / f for f in sorted(files) if f.endswith(".py")]
     return out
+
+
+# Megatron-LM (the repository, not the megatron-core wheel): these live in a checkout only.
+MEGATRON_LM_MODULES = ("megatron.training", "megatron.legacy", "megatron.mpu", "megatron.post_training",
+                       "megatron.rl", "megatron.inference", "megatron.arguments", "megatron.initialize",
+                       "megatron.global_vars", "megatron.checkpointing", "megatron.model", "megatron.tokenizer",
+                       "megatron.text_generation", "megatron.optimizer", "megatron.utils", "megatron.data")
+LM_REPLACEMENTS = {"megatron.mpu": "megatron.core.parallel_state",
+                   "megatron.model.transformer": "megatron.core.transformer",
+                   "megatron.optimizer": "megatron.core.optimizer"}
+
+
+def megatron_lm_part(dotted: str) -> str | None:
+    for mod in MEGATRON_LM_MODULES:
+        if dotted == mod or dotted.startswith(mod + "."):
+            return mod
+    return None
+
+
+def checkout_roots(paths: list[str]) -> list[str]:
+    """Scanned folders that are Megatron-LM checkouts (they hold megatron/training): their own
+    modules resolve names like megatron.training.get_args."""
+    roots = []
+    for path in paths:
+        for cand in (Path(path), *Path(path).resolve().parents):
+            if (cand / "megatron" / "training").is_dir() or (cand / "megatron" / "legacy").is_dir():
+                roots.append(str(cand / "megatron"))
+                break
+    return roots
 
 
 def scan(paths: list[str], installed: InstalledMegatron | None = None) -> tuple[list[Finding], list[str]]:
     """Findings for every file under ``paths`` and notes (unparsable files, no megatron)."""
     installed = installed or InstalledMegatron()
+    for root in checkout_roots(paths):
+        if root not in installed.locations:
+            installed.locations = [*installed.locations, root]
+            installed._names.clear()
     findings: list[Finding] = []
     notes: list[str] = []
     version = installed.version or "?"
@@ -221,6 +257,13 @@ def scan(paths: list[str], installed: InstalledMegatron | None = None) -> tuple[
 def _judge(path: str, line: int, dotted: str, installed: InstalledMegatron, version: str) -> Finding | None:
     entry = renames.lookup(dotted)
     exists = installed.exists(dotted) if installed.available else None
+    lm = megatron_lm_part(dotted)
+    if lm and exists is not True and not entry:
+        new = next((LM_REPLACEMENTS[k] + dotted[len(k):] for k in LM_REPLACEMENTS if dotted == k or
+                    dotted.startswith(k + ".")), None)
+        return Finding(path, line, dotted, "megatron-lm",
+                       f"{lm} is Megatron-LM code, not part of megatron-core: it needs a Megatron-LM checkout on "
+                       "PYTHONPATH" + (f"; megatron-core's counterpart is {new}" if new else ""), new, None)
     # Walk up to the shortest missing prefix so 'a.b.c.d' on a missing 'a.b' names 'a.b'.
     missing = dotted
     if exists is False:
@@ -250,3 +293,29 @@ def _apply(entry: renames.Rename, dotted: str) -> str | None:
     if dotted == entry.old:
         return entry.new
     return entry.new + dotted[len(entry.old):]
+
+
+def group(findings: list[Finding]) -> list[dict]:
+    """Repeated findings folded: one entry per (name, status) with a count and the places."""
+    groups: dict[tuple[str, str], dict] = {}
+    for f in findings:
+        key = (f.name if f.status != "megatron-lm" else (megatron_lm_part(f.name) or f.name), f.status)
+        g = groups.setdefault(key, {"name": key[0], "status": f.status, "message": f.message,
+                                    "replacement": f.replacement, "count": 0, "where": []})
+        g["count"] += 1
+        g["where"].append(f"{f.path}:{f.line}")
+    order = {"missing": 0, "renamed-keyword": 1, "deprecated": 2, "megatron-lm": 3}
+    return sorted(groups.values(), key=lambda g: (order.get(g["status"], 9), -g["count"], g["name"]))
+
+
+def summary_line(findings: list[Finding], files: int | None = None) -> str:
+    counts: dict[str, int] = {}
+    for f in findings:
+        counts[f.status] = counts.get(f.status, 0) + 1
+    where = len({f.path for f in findings})
+    parts = [f"{counts[k]} {label}" for k, label in (("missing", "missing from the installed megatron-core"),
+                                                     ("renamed-keyword", "renamed keywords"),
+                                                     ("deprecated", "deprecated"),
+                                                     ("megatron-lm", "Megatron-LM names (need a checkout, not megatron-core)"))
+             if counts.get(k)]
+    return f"{len(findings)} findings in {where} files: " + ", ".join(parts) if findings else "no findings"
