@@ -419,3 +419,56 @@ def test_garbage_never_crashes_the_doctor(fake: FakeEnv, junk):
     assert run.rc in (0, 1), run
     assert len(run.checks()) == len(CHECK_IDS)
     assert "Traceback" not in run.err
+
+
+def test_current_directory_that_shadows_is_named(fake: FakeEnv):
+    """Probes run as the user's `python` in the current directory: a torch/ folder there shadows."""
+    fake.healthy()
+    fake.file("torch/__init__.py", "raise ImportError('partial source checkout')\n", where=fake.root)
+    checks = expect(fake.run("--json"), 1, torch="error")
+    s = checks["torch"]["summary"]
+    assert f"the current directory {fake.root}" in s and "instead of the installed torch" in s
+    assert checks["torch"]["fix"].startswith("cd to another directory")
+
+
+def test_torch_on_pythonpath_shadows_the_environments_torch(fake: FakeEnv):
+    fake.healthy()
+    first = fake.new_path("old-torch")
+    fake.dist("torch", "2.3.0", [], where=first)
+    fake.file("torch/__init__.py", "__version__ = '2.3.0'\n", where=first)
+    checks = expect(fake.run("--json"), 1, torch="error")
+    s = checks["torch"]["summary"]
+    assert "two torch installs: 2.3.0" in s and str(first) in s and str(fake.site) in s
+    assert checks["torch"]["fix"].startswith("export PYTHONPATH=") and str(first) in checks["torch"]["fix"]
+
+
+def test_transformer_engine_on_cpu_only_torch(fake: FakeEnv):
+    fake.healthy()
+    fake.torch(cuda=None, nccl=None)
+    fake.dist("transformer-engine", "2.1.0")
+    fake.dist("transformer-engine-torch", "2.1.0")
+    fake.file("transformer_engine/__init__.py", "")
+    fake.file("transformer_engine/pytorch/__init__.py", "")
+    fake.file("transformer_engine_torch.py", "")
+    checks = expect(fake.run("--json"), 1, transformer_engine="error")
+    assert "CPU-only build" in checks["transformer-engine"]["summary"]
+    assert checks["transformer-engine"]["fix"].startswith("pip uninstall -y transformer-engine transformer-engine-torch")
+
+
+def test_empty_leftover_package_directory(fake: FakeEnv):
+    fake.healthy()
+    (fake.site / "transformer_engine" / "pytorch" / "__pycache__").mkdir(parents=True)
+    checks = expect(fake.run("--json"), 1, transformer_engine="error")
+    te = checks["transformer-engine"]
+    assert "empty leftover directory" in te["summary"] and str(fake.site / "transformer_engine") in te["summary"]
+    assert te["fix"].startswith(f"rm -r '{fake.site / 'transformer_engine'}'")
+    assert "pip install" not in te["fix"]
+
+
+def test_removed_megatron_core_file_is_found_from_record(fake: FakeEnv):
+    fake.healthy()
+    (fake.site / "megatron" / "core" / "parallel_state.py").unlink()
+    checks = expect(fake.run("--json"), 1, megatron_core="error")
+    core = checks["megatron-core"]
+    assert "incomplete" in core["summary"] and "megatron/core/parallel_state.py" in core["summary"]
+    assert core["fix"] == 'pip install --force-reinstall --no-deps "megatron-core==0.13.1"'
