@@ -31,13 +31,13 @@ Order of operations (``initialize`` then ``build_roles``):
 
 from __future__ import annotations
 
-import os
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
 from verl_bridge.bridge.hooks import call_load_checkpoint, call_model_provider
 from verl_bridge.config import Config
+from verl_bridge.data.files import local_dir
 
 
 class BridgeError(RuntimeError):
@@ -52,15 +52,6 @@ def _resolve(hook, source_dir, what):
     return resolve_callable(hook, source_dir, what=what)
 
 
-def _local_dir(path, source_dir):
-    """A relative HF directory is looked up next to the config first (as validation does), then in cwd."""
-    if path and source_dir and not os.path.isabs(path):
-        candidate = os.path.join(source_dir, path)
-        if os.path.isdir(candidate):
-            return candidate
-    return path
-
-
 class MegatronBridge:
     def __init__(self, model_provider: Callable | str | None = None, initialize_megatron: Callable | str | None = None,
                  load_checkpoint: Callable | str | None = None, *, config: Optional[Config] = None,
@@ -70,7 +61,7 @@ class MegatronBridge:
         self._init = initialize_megatron
         self._loader = load_checkpoint
         self.model_builder = model_builder
-        self._tokenizer = tokenizer
+        self.tokenizer = tokenizer  # the user's tokenizer; None: verl_bridge.data.tokenizer loads one
         self.layout = None
         self.reused_groups = False
 
@@ -152,44 +143,14 @@ class MegatronBridge:
 
         if megatron_args.is_set():
             return
+        from verl_bridge.data.tokenizer import TokenizerError, builtin_task, load_tokenizer
+
         try:
-            tok, _ = self.tokenizer_and_task()
+            tok = self.tokenizer or load_tokenizer(self.config, builtin_task(self.config))
             vocab = len(tok) if hasattr(tok, "__len__") else getattr(tok, "vocab_size", None)
-        except (BridgeError, OSError, ValueError):
+        except (TokenizerError, OSError, ValueError):
             vocab = None  # no tokenizer yet: vocab_size / padded_vocab_size stay None (setup reports why)
         megatron_args.set_from_config(megatron_args.args_from_config(self.config, self.layout, vocab_size=vocab))
-
-    # ------------------------------------------------------------------ data
-    def tokenizer_and_task(self):
-        from verl_bridge.rewards import ToyTokenizer, get_task
-
-        cfg = self.config
-        task = get_task(cfg.data.task) if cfg.data.train_files is None else None
-        if self._tokenizer is not None:
-            return self._tokenizer, task
-        if task is not None:
-            self._tokenizer = ToyTokenizer()
-            return self._tokenizer, task
-        path = _local_dir(cfg.model.actor.args.model_name_or_path, cfg.source_dir)
-        if not path:
-            raise BridgeError("data.train_files needs a tokenizer: set model.actor.args.model_name_or_path "
-                              "to a local HF directory with tokenizer files, or pass tokenizer= to MegatronBridge")
-        from transformers import AutoTokenizer
-
-        self._tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        return self._tokenizer, None
-
-    def reward_fn(self, task) -> Callable[[str, str], float]:
-        cfg = self.config
-        if cfg.model.reward.type == "function" and cfg.model.reward.args.path:
-            from verl_bridge.rewards import load_reward_fn
-
-            return load_reward_fn(cfg.model.reward.args.path, cfg.source_dir)
-        if task is not None:
-            return task.reward_fn
-        if cfg.model.reward.type == "model":  # scored by the reward model (verl_bridge.placement.scorer)
-            return None
-        raise BridgeError("no reward: set model.reward.args.path ('module:function') or a built-in data.task")
 
     # ------------------------------------------------------------------ models
     def vocab_and_length(self) -> tuple[int, int]:
@@ -214,7 +175,7 @@ class MegatronBridge:
             from verl_bridge.arch import hf_model_provider
             from verl_bridge.models.tiny import precision_kwargs
 
-            fn = hf_model_provider(_local_dir(args.model_name_or_path, cfg.source_dir),
+            fn = hf_model_provider(local_dir(args.model_name_or_path, cfg.source_dir),
                                    **precision_kwargs(cfg.trainer.precision))
         else:
             raise BridgeError("model.actor.args: no model source (preset, model_name_or_path or model_provider)")
@@ -255,7 +216,7 @@ class MegatronBridge:
         from verl_bridge.runtime.hf_critic import build_hf_critic
 
         cfg = self.config
-        path = _local_dir(cfg.model.critic.args.model_name_or_path, cfg.source_dir)
+        path = local_dir(cfg.model.critic.args.model_name_or_path, cfg.source_dir)
         try:
             return build_hf_critic(path, cfg.trainer.precision, self.layout.device)
         except (OSError, ValueError) as exc:

@@ -74,3 +74,12 @@ def load_prompt_file(config, files: str | None = None, key: str = "data.train_fi
     if not rows:
         raise PromptFileError(f"{key}={files!r}: no rows")
     return rows
+
+
+def local_dir(path, source_dir):
+    """A relative HF directory is looked up next to the config first (as validation does), then in cwd."""
+    if path and source_dir and not os.path.isabs(path):
+        candidate = os.path.join(source_dir, path)
+        if os.path.isdir(candidate):
+            return candidate
+    return path

@@ -28,6 +28,8 @@ from verl_bridge import algorithms as A
 from verl_bridge.algorithms.registry import ALGORITHMS
 from verl_bridge.config import Config, dump_config, load_config
 from verl_bridge.data.prompts import PromptSource, eval_samples
+from verl_bridge.data.reward import reward_function
+from verl_bridge.data.tokenizer import builtin_task, load_tokenizer
 from verl_bridge.distributed.layout import ParallelLayout
 from verl_bridge.rollout.producer import FunctionReward, RolloutProducer, rollout_seed
 from verl_bridge.runtime.batch import Experience
@@ -106,8 +108,9 @@ class MegatronTrainer:
         self.layout = self.bridge.initialize()
         self.device = self.layout.device
         seed_everything(cfg.trainer.seed)
-        self.tokenizer, self.task = self.bridge.tokenizer_and_task()
-        self.reward_fn = self.reward_fn or self.bridge.reward_fn(self.task)
+        self.task = builtin_task(cfg)
+        self.tokenizer = self.bridge.tokenizer or load_tokenizer(cfg, self.task)
+        self.reward_fn = self.reward_fn or reward_function(cfg, self.task)
         self.prompts = PromptSource(cfg, self.task)
 
         def scorer():
