@@ -8,7 +8,7 @@
 # everything else (torch 2.13.0, transformers, pytest, ...) from the base venv through a .pth
 # file; its own site-packages comes first on sys.path, so `import megatron.core` is 0.13.1.
 # Without a base venv it installs torch==2.13.0 megatron-core==0.13.1 and the test extras in full.
-# Supported range and the version shims: verl_bridge/bridge/mcore_versions.py.
+# Supported range and the version shims: verl_bridge/compat/mcore_versions.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1

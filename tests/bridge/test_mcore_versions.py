@@ -4,7 +4,7 @@
 def test_version_and_range():
     import megatron.core
 
-    from verl_bridge.bridge import mcore_versions as mv
+    from verl_bridge.compat import mcore_versions as mv
 
     major, minor = (int(x) for x in megatron.core.__version__.split(".")[:2])
     assert mv.mcore_version() == (major, minor)
@@ -13,7 +13,7 @@ def test_version_and_range():
 
 
 def test_shims_follow_the_version(monkeypatch):
-    from verl_bridge.bridge import mcore_versions as mv
+    from verl_bridge.compat import mcore_versions as mv
 
     monkeypatch.setattr(mv, "mcore_version", lambda: (0, 12))
     assert mv.gpt_model_kwargs(vp_stage=1) == {} and mv.default_pg_collection() is None
@@ -27,6 +27,6 @@ def test_shims_follow_the_version(monkeypatch):
 def test_gpt_model_class_is_megatrons():
     from megatron.core.models.gpt import GPTModel
 
-    from verl_bridge.bridge.mcore_versions import gpt_model_class
+    from verl_bridge.compat.mcore_versions import gpt_model_class
 
     assert gpt_model_class() is GPTModel

@@ -35,7 +35,7 @@ from typing import Callable, Optional
 
 import torch
 
-from verl_bridge.bridge.hooks import call_load_checkpoint, call_model_provider
+from verl_bridge.bridge.hooks import call_load_checkpoint, call_model_provider, provider_accepts
 from verl_bridge.config import Config
 from verl_bridge.data.files import local_dir
 
@@ -183,18 +183,19 @@ class MegatronBridge:
         post = self.layout.is_last_stage
         device = self.layout.device
 
-        from verl_bridge.bridge import mcore_versions
+        from verl_bridge.compat import make_cpu_safe
+        from verl_bridge.compat.mcore_versions import default_pg_collection
 
         def build() -> torch.nn.Module:
             # megatron-core >= 0.15 providers may take the process groups as a ProcessGroupCollection
-            pgs = mcore_versions.default_pg_collection() if mcore_versions.provider_accepts(fn, "pg_collection") else None
+            pgs = default_pg_collection() if provider_accepts(fn, "pg_collection") else None
             model = call_model_provider(fn, pre, post, vp_stage=None, model_builder=self.model_builder,
                                         pg_collection=pgs)
             if isinstance(model, (list, tuple)):
                 if len(model) != 1:
                     raise BridgeError(f"model_provider returned {len(model)} chunks; verl-bridge expects one model")
                 model = model[0]
-            return mcore_versions.make_cpu_safe(model.to(device))
+            return make_cpu_safe(model.to(device))
 
         return build
 

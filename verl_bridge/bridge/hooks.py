@@ -120,3 +120,11 @@ def call_load_checkpoint(fn: Callable, model, optimizer=None, scheduler=None, pa
     raise HookSignatureError(
         f"unsupported load_checkpoint signature {_describe(fn)}; accepted: " + "; ".join(LOADER_SIGNATURES)
     )
+
+
+def provider_accepts(fn, name: str) -> bool:
+    """Whether the hook ``fn`` takes a parameter called ``name`` (False when its signature is unreadable)."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False

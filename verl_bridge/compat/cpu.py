@@ -1,19 +1,16 @@
-"""Small, named shims over megatron-core version and device differences.
+"""CPU shims: megatron-core 0.12-0.19 modules that assume CUDA, made to run where their weights are.
 
 Each shim says which megatron-core versions it is for and what it changes. Nothing here patches
-a library module globally: shims act only on objects verl-bridge built.
+a library module globally: shims act only on objects verl-bridge (or the user's provider) built,
+by swapping the class of those modules for a subclass. :func:`make_cpu_safe` applies all of them
+(and, before 0.16, the RoPE ``forward`` fix of :data:`verl_bridge.compat.mcore_versions.ROPE_GET_EMB_SINCE`).
 """
 
 from __future__ import annotations
 
 import torch
 
-
-def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """Strip DDP / Float16Module-style ``.module`` wrappers down to the model itself."""
-    while isinstance(getattr(model, "module", None), torch.nn.Module):
-        model = model.module
-    return model
+from verl_bridge.compat.mcore_versions import ROPE_GET_EMB_SINCE, mcore_version
 
 
 def _cpu_safe_rotary_class(base: type) -> type:
@@ -91,13 +88,47 @@ def _cpu_safe_output_layer_class(base: type) -> type:
     return CpuSafeOutputLayer
 
 
+_ROPE_PRE_016: dict[type, type] = {}
+
+
+def rope_forward_pre_0_16(self, max_seq_len: int, offset: int = 0, packed_seq: bool = False, **_):
+    """0.12-0.15 ``RotaryEmbedding.forward`` minus its ``inv_freq.to(cuda)`` (CPU, no context parallel)."""
+    freqs = self.get_freqs_non_repeated(max_seq_len, offset)
+    if not self.rotary_interleaved:
+        emb = torch.cat((freqs, freqs), dim=-1)
+    else:
+        emb = torch.stack((freqs.view(-1, 1), freqs.view(-1, 1)), dim=-1).view(freqs.shape[0], -1)
+    cp_group = getattr(self, "cp_group", None)
+    if cp_group is not None and cp_group.size() > 1:
+        raise RuntimeError("context parallelism needs CUDA")
+    return emb[:, None, None, :]
+
+
 def make_cpu_safe(model: torch.nn.Module) -> torch.nn.Module:
-    """Swap the class of rotary-embedding submodules of *model* for the CPU-safe subclass.
+    """Swap the class of *model*'s rotary, attention and output-layer modules for CPU-safe subclasses.
 
     Only needed when CUDA is unavailable; a no-op otherwise. Acts on this model's modules only.
     """
-    if torch.cuda.is_available():
+    _make_cpu_safe_0_12_to_0_19(model)
+    if torch.cuda.is_available() or mcore_version() >= ROPE_GET_EMB_SINCE:
         return model
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    for module in model.modules():
+        cls = type(module)
+        if isinstance(module, RotaryEmbedding) and cls not in _ROPE_PRE_016.values():
+            if cls not in _ROPE_PRE_016:
+                # the name keeps the "CpuSafe" prefix so a second make_cpu_safe leaves it alone
+                _ROPE_PRE_016[cls] = type(f"{cls.__name__}_mcore_pre_0_16", (cls,),
+                                          {"forward": rope_forward_pre_0_16})
+            module.__class__ = _ROPE_PRE_016[cls]
+    return model
+
+
+def _make_cpu_safe_0_12_to_0_19(model: torch.nn.Module) -> None:
+    """The rotary / output-layer / attention class swaps (every megatron-core 0.12-0.19)."""
+    if torch.cuda.is_available():
+        return
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
     from megatron.core.tensor_parallel import ColumnParallelLinear
     from megatron.core.transformer.attention import Attention
@@ -118,4 +149,3 @@ def make_cpu_safe(model: torch.nn.Module) -> torch.nn.Module:
             if cls not in _ATTENTION_CLASSES:
                 _ATTENTION_CLASSES[cls] = _cpu_safe_attention_class(cls)
             module.__class__ = _ATTENTION_CLASSES[cls]
-    return model

@@ -1,4 +1,4 @@
-"""megatron-core version shims for the bridge. Supported range: megatron-core 0.12 to 0.19.
+"""megatron-core version shims. Supported range: megatron-core 0.12 to 0.19.
 
 CI runs ``tests/bridge`` on two versions: 0.16.1 (the main venv; Python 3.11 caps megatron-core
 at 0.16.x on CPU machines) and 0.13.1 (``.ci/mcore_old_tier.sh``). The GPU machine runs Python
@@ -16,7 +16,7 @@ shim                         what changed
                              ``parallel_state`` globals (:func:`default_pg_collection` -> None)
 ``ROPE_GET_EMB_SINCE``       ``RotaryEmbedding.get_emb`` holds the CPU->CUDA move of
 (0.16)                       ``inv_freq``; in 0.12-0.15 ``forward`` does the move itself, so
-                             :func:`make_cpu_safe` also replaces ``forward`` there (CPU only)
+                             :func:`verl_bridge.compat.cpu.make_cpu_safe` also replaces ``forward`` there (CPU only)
 ``GPTMODEL_DEPRECATED_SINCE``  ``GPTModel`` announces its deprecation in favour of
 (0.19)                       ``HybridModel``; verl-bridge still builds ``GPTModel`` (the layout of
                              users' checkpoints), and :func:`gpt_model_class` imports it with that
@@ -27,11 +27,9 @@ shim                         what changed
 from __future__ import annotations
 
 import functools
-import inspect
 import warnings
 from typing import Any, Optional
 
-import torch
 
 SUPPORTED = ((0, 12), (0, 19))
 VP_STAGE_SINCE = (0, 13)
@@ -93,46 +91,3 @@ def gpt_model_class() -> type:
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return GPTModel
-
-
-def _rope_forward_without_cuda_move(self, max_seq_len: int, offset: int = 0, packed_seq: bool = False, **_):
-    """0.12-0.15 ``RotaryEmbedding.forward`` minus its ``inv_freq.to(cuda)`` (CPU, no context parallel)."""
-    freqs = self.get_freqs_non_repeated(max_seq_len, offset)
-    if not self.rotary_interleaved:
-        emb = torch.cat((freqs, freqs), dim=-1)
-    else:
-        emb = torch.stack((freqs.view(-1, 1), freqs.view(-1, 1)), dim=-1).view(freqs.shape[0], -1)
-    cp_group = getattr(self, "cp_group", None)
-    if cp_group is not None and cp_group.size() > 1:
-        raise RuntimeError("context parallelism needs CUDA")
-    return emb[:, None, None, :]
-
-
-_ROPE_PRE_016: dict[type, type] = {}
-
-
-def make_cpu_safe(model: torch.nn.Module) -> torch.nn.Module:
-    """:func:`verl_bridge.compat.make_cpu_safe` plus, before 0.16, the RoPE ``forward`` fix."""
-    from verl_bridge.compat import make_cpu_safe as base
-
-    model = base(model)
-    if torch.cuda.is_available() or mcore_version() >= ROPE_GET_EMB_SINCE:
-        return model
-    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
-
-    for module in model.modules():
-        cls = type(module)
-        if isinstance(module, RotaryEmbedding) and cls not in _ROPE_PRE_016.values():
-            if cls not in _ROPE_PRE_016:
-                # the name keeps compat's "CpuSafe" prefix so compat.make_cpu_safe leaves it alone
-                _ROPE_PRE_016[cls] = type(f"{cls.__name__}_mcore_pre_0_16", (cls,),
-                                          {"forward": _rope_forward_without_cuda_move})
-            module.__class__ = _ROPE_PRE_016[cls]
-    return model
-
-
-def provider_accepts(fn, name: str) -> bool:
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
