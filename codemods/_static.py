@@ -91,9 +91,25 @@ def dotted(node: cst.CSTNode) -> Optional[str]:
 
 
 def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    yield node
-    for child in node.children:
-        yield from walk(child)
+    """Pre-order traversal with an explicit stack: deep expressions never hit the recursion limit."""
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        yield cur
+        children = cur.children
+        if children:
+            stack.extend(reversed(children))
+
+
+class Line(int):
+    """A line number that remembers its file when it is not the script itself (a local module)."""
+
+    file: Optional[str] = None
+
+    def __new__(cls, value: int, file: Optional[str] = None):
+        obj = super().__new__(cls, value)
+        obj.file = file
+        return obj
 
 
 def literal_value(node: cst.BaseExpression):
@@ -108,7 +124,8 @@ def literal_value(node: cst.BaseExpression):
 class Program:
     """A parsed script with the indexes the evaluator and the recogniser need."""
 
-    def __init__(self, module: cst.Module, filename: str = "<string>", wrapper: Optional[MetadataWrapper] = None):
+    def __init__(self, module: cst.Module, filename: str = "<string>", wrapper: Optional[MetadataWrapper] = None,
+                 source_dir: Optional[str] = None, _depth: int = 0):
         self.filename = filename
         self.wrapper = wrapper if wrapper is not None else MetadataWrapper(module)
         self.module = self.wrapper.module
@@ -120,17 +137,85 @@ class Program:
         self.classes: dict[str, cst.ClassDef] = {}
         self.module_assigns: dict[str, list] = {}
         self.imports: dict[str, str] = {}  # local name -> qualified
+        self.import_lines: dict[str, int] = {}  # local name -> line of its import
+        self.unpacks: dict = {}  # (id(assigns), name) -> (call, index): ``a, b = parser.parse_...()``
         self._index(self.module.body, None, None, self.module_assigns)
         self._calls_by_callee: Optional[dict[str, list]] = None
         self._args_record: Optional[Record] = None
         self._stack: set = set()
+        self._value_uses: Optional[set] = None
+        self.modules: list[cst.Module] = [self.module]
+        self.local_modules: dict[str, "Program"] = {}  # module name -> its Program (same folder)
+        if source_dir is not None and _depth < 2:
+            self._load_local_modules(source_dir, _depth)
 
     # ------------------------------------------------------------------ indexing
     def line(self, node: cst.CSTNode) -> int:
         try:
             return self.pos[node].start.line
         except KeyError:
-            return 0
+            pass
+        for sub in getattr(self, "local_modules", {}).values():
+            try:
+                return Line(sub.pos[node].start.line, sub.filename)
+            except KeyError:
+                continue
+        return 0
+
+    # ------------------------------------------------------------------ local modules
+    def _load_local_modules(self, source_dir: str, depth: int) -> None:
+        """Read (never execute) modules of the same folder that the script imports: ``from loss import
+        GRPOLoss``, ``import rl_utils``. Their functions and classes join this program's indexes."""
+        import os
+
+        wanted: dict[str, list] = {}
+        for local, qual in self.imports.items():
+            q = qual.lstrip(".")
+            root = q.split(".")[0]
+            wanted.setdefault(root, []).append((local, q))
+        for root, names in sorted(wanted.items()):
+            for cand in (os.path.join(source_dir, root + ".py"), os.path.join(source_dir, root, "__init__.py")):
+                if os.path.isfile(cand) and os.path.abspath(cand) != os.path.abspath(os.path.join(source_dir, self.filename)):
+                    try:
+                        with open(cand, "rb") as fh:
+                            sub_tree = cst.parse_module(fh.read())
+                    except (OSError, cst.ParserSyntaxError, UnicodeDecodeError):
+                        break
+                    rel = os.path.relpath(cand, source_dir).replace(os.sep, "/")
+                    sub = Program(sub_tree, rel, source_dir=source_dir, _depth=depth + 1)
+                    self._merge(root, sub, names)
+                    break
+
+    def _merge(self, root: str, sub: "Program", names: list) -> None:
+        from collections import ChainMap
+
+        self.local_modules[root] = sub
+        for name, prog in sub.local_modules.items():
+            self.local_modules.setdefault(name, prog)
+        self.parents = ChainMap(self.parents, sub.parents) if not isinstance(self.parents, ChainMap) else \
+            self.parents.new_child(sub.parents)
+        self.qnames_map = ChainMap(self.qnames_map, sub.qnames_map) if not isinstance(self.qnames_map, ChainMap) \
+            else self.qnames_map.new_child(sub.qnames_map)
+        self.funcs.update(sub.funcs)
+        self.modules.extend(sub.modules)
+        for qual, info in sub.funcs_by_qual.items():
+            self.funcs_by_qual.setdefault(f"{root}.{qual}", info)
+            self.funcs_by_qual.setdefault(qual, info)
+        for local, q in names:
+            member = q.split(".", 1)[1] if "." in q else None
+            if member is None:
+                continue
+            if member in sub.classes:
+                self.classes.setdefault(local, sub.classes[member])
+                for qual, info in sub.funcs_by_qual.items():
+                    if qual.startswith(member + "."):
+                        self.funcs_by_qual.setdefault(local + qual[len(member):], info)
+            elif member in sub.funcs_by_qual:
+                self.funcs_by_qual.setdefault(local, sub.funcs_by_qual[member])
+            elif member in sub.module_assigns:
+                self.module_assigns.setdefault(local, sub.module_assigns[member])
+        for cname, cdef in sub.classes.items():
+            self.classes.setdefault(cname, cdef)
 
     def qnames(self, node: cst.CSTNode) -> set[str]:
         val = self.qnames_map.get(node, ())
@@ -183,6 +268,10 @@ class Program:
                     for n in walk(t.target):
                         if isinstance(n, cst.Name) and not self._is_attr_part(t.target, n):
                             self._record_assign(assigns, n.value, None)
+                    if isinstance(t.target, (cst.Tuple, cst.List)) and isinstance(node.value, cst.Call):
+                        for i, el in enumerate(t.target.elements):
+                            if isinstance(el.value, cst.Name):
+                                self.unpacks[(id(assigns), el.value.value)] = (node.value, i)
         elif isinstance(node, cst.AnnAssign):
             if isinstance(node.target, cst.Name):
                 self._record_assign(assigns, node.target.value, node.value)
@@ -215,6 +304,12 @@ class Program:
         assigns.setdefault(name, []).append(value)
 
     def _index_import(self, node) -> None:
+        before = set(self.imports)
+        self._index_import_names(node)
+        for name in set(self.imports) - before:
+            self.import_lines[name] = self.line(node)
+
+    def _index_import_names(self, node) -> None:
         if isinstance(node, cst.Import):
             for alias in node.names:
                 full = dotted(alias.name)
@@ -231,6 +326,12 @@ class Program:
                 name = dotted(alias.name)
                 local = alias.asname.name.value if alias.asname is not None else name
                 self.imports[local] = f"{mod}.{name}" if mod else name
+
+    def all_nodes(self) -> list:
+        """Every node of the script and of the local modules it imports (computed once)."""
+        if getattr(self, "_all_nodes", None) is None:
+            self._all_nodes = [n for m in self.modules for n in walk(m)]
+        return self._all_nodes
 
     # ------------------------------------------------------------------ scopes
     def func_of(self, node: cst.CSTNode) -> Optional[FuncInfo]:
@@ -263,7 +364,7 @@ class Program:
         if self._calls_by_callee is not None:
             return self._calls_by_callee
         out: dict[str, list] = {}
-        for node in walk(self.module):
+        for node in self.all_nodes():
             if not isinstance(node, cst.Call):
                 continue
             caller = self.func_of(node)
@@ -285,8 +386,10 @@ class Program:
                 if nested is not None:
                     return nested, 0
                 if name in scope.assigns or name in scope.params:
-                    return None
+                    return self._instance_call(f, caller)
                 scope = scope.parent
+            if name in self.module_assigns and name not in self.funcs_by_qual and name not in self.classes:
+                return self._instance_call(f, caller)
             if name in self.classes:
                 init = self.funcs_by_qual.get(f"{name}.__init__")
                 return (init, 1) if init is not None else None
@@ -302,10 +405,33 @@ class Program:
                 cls = self.class_of(caller)
             elif isinstance(recv, cst.Name) or isinstance(recv, cst.Attribute):
                 cls = self.instance_class(recv, caller)
+            elif isinstance(recv, cst.Call) and isinstance(recv.func, cst.Name) and recv.func.value in self.classes:
+                cls = recv.func.value
             if cls is not None:
                 info = self.funcs_by_qual.get(f"{cls}.{method}")
                 if info is not None:
                     return info, 1
+            if isinstance(recv, cst.Name) and recv.value in self.imports:
+                root = self.imports[recv.value].lstrip(".").split(".")[0]
+                sub = self.local_modules.get(root)
+                if sub is not None:
+                    info = sub.funcs_by_qual.get(method)
+                    if info is not None and info.cls is None and info.parent is None:
+                        return info, 0
+            if isinstance(recv, cst.Name) and recv.value == "self":
+                return self._instance_call(f, caller)
+        return None
+
+    def _instance_call(self, f, caller):
+        """``objective(...)`` / ``self.loss_fn(...)`` where the object is an instance of a class of the
+        program: the call runs its ``forward`` (torch modules) or ``__call__``."""
+        cls = self.instance_class(f, caller)
+        if cls is None:
+            return None
+        for meth in ("forward", "__call__"):
+            info = self.funcs_by_qual.get(f"{cls}.{meth}")
+            if info is not None:
+                return info, 1
         return None
 
     def instance_class(self, recv: cst.BaseExpression, scope: Optional[FuncInfo]) -> Optional[str]:
@@ -482,12 +608,42 @@ class Program:
         cur = scope
         while cur is not None:
             if name in cur.assigns:
-                return self._combine(cur.assigns[name], cur)
+                return self._combine_or_unpack(cur.assigns, name, cur)
             if name in cur.params:
                 return self.ev_param(cur, name)
             cur = cur.parent
         if name in self.module_assigns:
-            return self._combine(self.module_assigns[name], None)
+            return self._combine_or_unpack(self.module_assigns, name, None)
+        return None
+
+    def _combine_or_unpack(self, assigns: dict, name: str, scope) -> Ev:
+        exprs = assigns[name]
+        if exprs == [None] and (id(assigns), name) in self.unpacks:
+            call, index = self.unpacks[(id(assigns), name)]
+            return self.ev_unpack(call, index, scope)
+        return self._combine(exprs, scope)
+
+    def ev_unpack(self, call: cst.Call, index: int, scope) -> Ev:
+        """``args, ppo_config = HfArgumentParser((ScriptArgs, PPOConfig)).parse_args_into_dataclasses()``:
+        the index-th dataclass of the parser (its defaults; the command line may override them)."""
+        if not isinstance(call.func, cst.Attribute) or call.func.attr.value not in (
+                "parse_args_into_dataclasses", "parse_yaml_file", "parse_json_file", "parse_args_and_config"):
+            return None
+        recv = call.func.value
+        parsers = [recv] if isinstance(recv, cst.Call) else (
+            [e for e in self.assignments_of(recv.value, scope) if e is not None] if isinstance(recv, cst.Name) else [])
+        if len(parsers) != 1 or not isinstance(parsers[0], cst.Call) or not parsers[0].args:
+            return None
+        classes = parsers[0].args[0].value
+        if not isinstance(classes, (cst.Tuple, cst.List)) or index >= len(classes.elements):
+            return None
+        cls = classes.elements[index].value
+        line = self.line(call)
+        if isinstance(cls, cst.Name) and cls.value in self.classes and _is_dataclass(self, self.classes[cls.value]):
+            return Known(self.dataclass_record(self.classes[cls.value], None, None), line)
+        q = self._resolve_qual(cls) or ""
+        if q.rsplit(".", 1)[-1].endswith(("Config", "Arguments")):
+            return Known(Record(f"call:{q.rsplit('.', 1)[-1]}", {}, line), line)
         return None
 
     def _combine(self, exprs: list, scope) -> Ev:
@@ -538,15 +694,18 @@ class Program:
     def _used_as_value(self, info: FuncInfo) -> bool:
         if info.cls is not None or info.parent is not None:
             return False
-        for node in walk(self.module):
-            if isinstance(node, cst.Name) and node.value == info.name:
-                parent = self.parents.get(node)
-                if isinstance(parent, cst.Call) and parent.func is node:
-                    continue
-                if isinstance(parent, (cst.FunctionDef,)):
-                    continue
-                return True
-        return False
+        if self._value_uses is None:
+            uses = set()
+            for node in self.all_nodes():
+                if isinstance(node, cst.Name):
+                    parent = self.parents.get(node)
+                    if isinstance(parent, cst.Call) and parent.func is node:
+                        continue
+                    if isinstance(parent, (cst.FunctionDef,)):
+                        continue
+                    uses.add(node.value)
+            self._value_uses = uses
+        return info.name in self._value_uses
 
     @staticmethod
     def _arg_for(call: cst.Call, idx: Optional[int], name: str, offset: int):
@@ -697,7 +856,7 @@ class Program:
         if self._args_record is not None:
             return self._args_record
         fields: dict = {}
-        for node in walk(self.module):
+        for node in self.all_nodes():
             if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
                 continue
             meth = node.func.attr.value
@@ -734,7 +893,7 @@ class Program:
                     if a.keyword is not None:
                         fields[a.keyword.value] = (a.value, self.func_of(node))
         # Megatron-LM: initialize_megatron(args_defaults={...}) overrides parser defaults
-        for node in walk(self.module):
+        for node in self.all_nodes():
             if isinstance(node, cst.Call):
                 for a in node.args:
                     if a.keyword is not None and a.keyword.value == "args_defaults":

@@ -33,7 +33,7 @@ from typing import Optional
 import libcst as cst
 from libcst.codemod import CodemodContext, SkipFile, VisitorBasedCodemodCommand
 
-from ._recognize import Analysis, analyze
+from .recognize import Analysis, analyze
 from ._static import Program, walk
 
 
@@ -45,10 +45,12 @@ def module_name_for(filename: Optional[str]) -> str:
 class MigratePPOLoopCommand(VisitorBasedCodemodCommand):
     DESCRIPTION = "Rewrite a hand-written PPO/GRPO loop into MegatronTrainer(config).train() (verl-bridge)."
 
-    def __init__(self, context: CodemodContext, config_path: Optional[str] = None, write_config: bool = False) -> None:
+    def __init__(self, context: CodemodContext, config_path: Optional[str] = None, write_config: bool = False,
+                 source_dir: Optional[str] = None) -> None:
         super().__init__(context)
         self.config_path = config_path
         self.write_config = write_config
+        self.source_dir = source_dir
         self.analysis: Optional[Analysis] = None
 
     @staticmethod
@@ -64,7 +66,10 @@ class MigratePPOLoopCommand(VisitorBasedCodemodCommand):
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         filename = self.context.filename or "train_ppo.py"
         module_name = module_name_for(filename)
-        prog = Program(tree, os.path.basename(filename), wrapper=self.context.wrapper)
+        source_dir = self.source_dir
+        if source_dir is None and self.context.filename:
+            source_dir = os.path.dirname(os.path.abspath(self.context.filename))
+        prog = Program(tree, os.path.basename(filename), wrapper=self.context.wrapper, source_dir=source_dir)
         analysis = analyze(prog, module_name)
         if analysis.status == "migrate" and not module_name.isidentifier():
             analysis.refuse(f"the file name {os.path.basename(filename)!r} is not an importable module name; "
@@ -77,7 +82,10 @@ class MigratePPOLoopCommand(VisitorBasedCodemodCommand):
             return tree
         self.config_rel = self.config_path or f"{module_name}.yaml"
         self._schedule_imports(prog, analysis)
-        new = tree.visit(self)
+        if analysis.block is not None:
+            new = self._rewrite_block(tree, analysis.block)
+        else:
+            new = tree.visit(self)
         if self.write_config and self.context.filename:
             from verl_bridge.migrate.yamlout import render_yaml
             from verl_bridge.migrate.writes import atomic_write
@@ -90,7 +98,12 @@ class MigratePPOLoopCommand(VisitorBasedCodemodCommand):
         self.add_needed_import("os")
         self.add_needed_import("verl_bridge", "MegatronTrainer")
         self.add_needed_import("verl_bridge", "load_config")
-        used = {n.value for n in walk(analysis.entry.node.body) if isinstance(n, cst.Name)}
+        if analysis.block is not None:
+            kind, index, removed = analysis.block
+            body = self._block_body(prog.module, kind)
+            used = {n.value for i in [index, *removed] for n in walk(body[i]) if isinstance(n, cst.Name)}
+        else:
+            used = {n.value for n in walk(analysis.entry.node.body) if isinstance(n, cst.Name)}
         for stmt in prog.module.body:
             if not isinstance(stmt, cst.SimpleStatementLine):
                 continue
@@ -112,6 +125,49 @@ class MigratePPOLoopCommand(VisitorBasedCodemodCommand):
                             self.remove_unused_import(mod, name, alias.asname.name.value if alias.asname else None)
 
     # ------------------------------------------------------------------ rewrite
+    @staticmethod
+    def _block_body(module: cst.Module, kind: str) -> list:
+        if kind == "module":
+            return list(module.body)
+        guard = next(s for s in module.body if isinstance(s, cst.If) and "__main__" in cst.Module([]).code_for_node(s.test))
+        return list(guard.body.body)
+
+    def _trainer_lines(self) -> list:
+        load = cst.parse_statement(
+            "config = load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "
+            f"{json.dumps(self.config_rel)}))\n")
+        if self.analysis.reward_todo:
+            load = load.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment("# " + self.analysis.reward_todo))])
+        return [load, cst.parse_statement("MegatronTrainer(config).train()\n")]
+
+    def _rewrite_block(self, tree: cst.Module, block: tuple) -> cst.Module:
+        """Loop at module level or in the ``__main__`` block: keep definitions, imports, constants and
+        what they need; the statement running the loop becomes the trainer call (under the guard)."""
+        kind, index, removed = block
+        body = self._block_body(tree, kind)
+        out = []
+        for i, stmt in enumerate(body):
+            if i == index:
+                lead = list(getattr(stmt, "leading_lines", ()))
+                if kind == "module":
+                    new = cst.If(test=cst.parse_expression('__name__ == "__main__"'),
+                                 body=cst.IndentedBlock(body=self._trainer_lines()), leading_lines=lead)
+                    out.append(new)
+                else:
+                    lines = self._trainer_lines()
+                    lines[0] = lines[0].with_changes(leading_lines=lead + list(lines[0].leading_lines))
+                    out.extend(lines)
+            elif i not in removed:
+                out.append(stmt)
+        if kind == "module":
+            return tree.with_changes(body=out)
+        new_body = []
+        for s in tree.body:
+            if isinstance(s, cst.If) and "__main__" in cst.Module([]).code_for_node(s.test):
+                s = s.with_changes(body=s.body.with_changes(body=out))
+            new_body.append(s)
+        return tree.with_changes(body=new_body)
+
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         if self.analysis is None or self.analysis.entry is None or original_node is not self.analysis.entry.node:
             return updated_node

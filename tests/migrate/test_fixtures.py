@@ -74,7 +74,7 @@ EXPECT = {
     "hook_style": ("refused", {}, {}, ["no training loop of its own", "ppo_train"], []),
     "sft_mentions_ppo": ("refused", {}, {}, ["not an RL training loop"], []),
     "kl_old_policy": ("refused", {}, {}, ["old policy"], []),
-    "module_level_loop": ("refused", {}, {}, ["module level"], []),
+    "module_level_loop": ("refused", {}, {}, ["cannot tell how advantages", "model_provider"], []),
     "reinforce_no_clip": ("refused", {}, {}, ["no clipped probability ratio"], []),
     "already_migrated": ("unchanged", {}, {}, [], []),
     "merge_conflict": ("error", {}, {}, ["merge-conflict"], []),

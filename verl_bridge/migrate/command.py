@@ -47,14 +47,12 @@ def _diff(result) -> str:
               help="Report format; json prints one JSON object on stdout.")
 def migrate(paths, write, out_dir, config_out, report):
     """Rewrite hand-written PPO/GRPO loops into MegatronTrainer(config).train() plus a YAML config."""
-    from verl_bridge.migrate.engine import migrate_file
-
     files = _expand(paths)
     if config_out and len(files) != 1:
         raise click.UsageError("--config-out takes exactly one script; give one PATH or drop --config-out")
     if not files:
         raise click.UsageError("no .py files found under the given paths")
-    results = [migrate_file(f, write=write, out_dir=out_dir, config_out=config_out) for f in files]
+    results = [_one(f, write, out_dir, config_out) for f in files]
     if report == "json":
         click.echo(json.dumps({"files": [r.report() for r in results]}, indent=2, default=str))
     else:
@@ -66,6 +64,17 @@ def migrate(paths, write, out_dir, config_out, report):
     if "refused" in statuses:
         return 1
     return 0
+
+
+def _one(path, write, out_dir, config_out):
+    """One file; whatever goes wrong is that file's ``error`` entry and the run goes on."""
+    from verl_bridge.migrate.engine import FileResult, migrate_file
+
+    try:
+        return migrate_file(path, write=write, out_dir=out_dir, config_out=config_out)
+    except Exception as exc:  # noqa: BLE001 - the report must always print
+        return FileResult(path=path, status="error",
+                          reasons=[f"internal error on {path}: {type(exc).__name__}: {exc}; the file was not changed"])
 
 
 def _print_text(r, write: bool) -> None:
@@ -80,5 +89,11 @@ def _print_text(r, write: bool) -> None:
         click.echo(f"  reason: {reason}")
     for w in r.warnings:
         click.echo(f"  warning: {w}")
+    if r.status == "migrated":
+        if r.defaults_used:
+            click.echo("  not from the script: " + ", ".join(
+                f"{k}={v['value']!r} ({v['from']})" for k, v in r.defaults_used.items()))
+        for u in r.unmapped:
+            click.echo(f"  unmapped (no config key takes it): {u}")
     if r.status == "migrated" and not write:
         click.echo("  dry run: nothing written; add --write to apply")

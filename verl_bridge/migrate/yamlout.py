@@ -32,8 +32,9 @@ def render_yaml(config: dict, provenance: dict, source_name: str) -> str:
     """YAML text; ``yaml.safe_load`` of it gives back ``nest(config)``."""
     lines = [
         f"# Written by `verl-bridge migrate` from {source_name}.",
-        "# Every value was read from the script; the comment says where. Keys not listed use",
-        "# MegatronTrainer's defaults. Override any of them: verl-bridge train THIS.yaml key=value",
+        "# Each comment says where the value comes from: a line of the script, or a framework's default",
+        "# the script relies on. Keys not listed use MegatronTrainer's defaults (the migrate report lists",
+        "# them under defaults_used). Override any of them: verl-bridge train THIS.yaml key=value",
     ]
     tree = nest(config)
 

@@ -1,0 +1,101 @@
+"""Recognise a hand-written PPO/GRPO loop and extract the hyperparameters it proves.
+
+Everything is decided by how a value is *used*, never by the name of a function: the value inside
+``torch.clamp(ratio, 1 - x, 1 + x)`` is the clip ratio, the factor multiplying a KL term that is
+subtracted from the rewards is the KL coefficient, the ``lr`` that reaches ``torch.optim.AdamW`` is
+the actor learning rate, and so on. One concern per module, each a mixin of :class:`Recognizer`:
+
+=================  ==============================================================================
+``loops``          loop discovery (module level, ``main()``, a trainer-class method), the entry
+                   point, total steps, PPO epochs and minibatches
+``configs``        config sites: optimizers, sampling kwargs (``**generation_kwargs``,
+                   ``LengthSampler``), parallel sizes, checkpoint interval, model hooks
+``kl``             the KL penalty: placement (reward | loss), coefficient, controller, estimator
+``advantages``     GAE (gamma, lambda), group-normalised rewards (GRPO), whitening
+``clip_loss``      the clipped ratio, value clip and loss coefficients
+``logprob_roles``  which model produced a log-prob tensor: the frozen reference or the policy
+``reward``         the reward function
+``frameworks``     TRL's legacy ``PPOTrainer.step`` loop with its version's defaults, framework
+                   entry points that own the loop, gym environments (not an LLM loop)
+``report``         the canonical keys left at defaults and the hyperparameters with no mapping
+=================  ==============================================================================
+
+The result is an :class:`Analysis`: ``status`` (``migrate`` | ``refuse`` | ``unchanged``),
+``reasons`` (every blocker, each with ``file:line`` and the edit that unblocks it), ``warnings``,
+``config`` (dotted key -> value) and ``provenance`` (dotted key -> ``file:line``). Refusal is the
+default whenever the structure is not certain. Local modules of the same project that the script
+imports (``from loss import GRPOLoss``, ``import rl_utils``) are read statically, never executed.
+"""
+
+from __future__ import annotations
+
+from .._static import Program
+from .advantages import AdvantagesMixin
+from .base import TRAINER_QNAMES, Analysis, RecognizerBase
+from .clip_loss import ClipLossMixin
+from .configs import ConfigSitesMixin
+from .frameworks import FrameworksMixin
+from .kl import KLMixin
+from .logprob_roles import LogProbRolesMixin
+from .loops import LoopsMixin
+from .report import ReportMixin
+from .reward import RewardMixin
+
+__all__ = ["Analysis", "Recognizer", "analyze"]
+
+
+class Recognizer(LoopsMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLossMixin, LogProbRolesMixin,
+                 RewardMixin, FrameworksMixin, ReportMixin, RecognizerBase):
+    def run(self) -> Analysis:
+        a = self.a
+        trainer_calls = [c for c, _ in self.calls if self.qn(c.func) & set(TRAINER_QNAMES)]
+        main_loop = self.find_main_loop()
+        if trainer_calls:
+            if main_loop is not None:
+                return a.refuse("the file already calls MegatronTrainer but still has its own training loop "
+                                f"({self.loc(self.p.line(main_loop))}); finish the migration by hand")
+            a.status = "unchanged"
+            return a
+        if self.refuse_non_llm():
+            return a
+        if main_loop is None:
+            return self.refuse_no_loop()
+        self.main_loop = main_loop
+        self.loop_func = self.p.func_of(main_loop)
+        trl = "trl_step" in self.reach(main_loop)
+        if not trl and not self.ratio_clips():
+            a.refuse(
+                f"{self.loc(self.p.line(main_loop))}: the loop generates and updates the model but has no "
+                "clipped probability ratio (torch.clamp(ratio, 1 - eps, 1 + eps)): it is not a PPO/GRPO loop "
+                "that can be mapped with certainty; if it is REINFORCE-style, write the PPO objective with a "
+                "clipped ratio first")
+        self.find_entry_point()
+        if trl:
+            self.extract_trl()
+        else:
+            self.extract_clip()
+            self.extract_kl()
+            self.extract_advantages()
+            self.extract_loss_coefs()
+            self.extract_loop_shape()
+        self.extract_common(trl)
+        if a.reasons:
+            a.status = "refuse"
+            return a
+        self.finish_report()
+        a.status = "migrate"
+        return a
+
+    def extract_common(self, trl: bool) -> None:
+        self.extract_optimizers(trl)
+        if not trl:
+            self.extract_rollout()
+        self.extract_parallel()
+        self.extract_save()
+        self.extract_hooks(trl)
+        self.extract_reward()
+        self.unsupported()
+
+
+def analyze(prog: Program, module_name: str) -> Analysis:
+    return Recognizer(prog, module_name).run()

@@ -1,0 +1,266 @@
+"""The KL penalty: where it sits (reward or loss), its coefficient, controller and estimator."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import libcst as cst
+
+from .._static import FuncInfo, Known, Record, Runtime, dotted, walk
+from .base import (ENTROPY_RE, GEN_RE, LOSS_RE, OLD_NAME_RE, OPTIMIZERS, REF_NAME_RE, REWARD_RE, SCHEDULER_RE,
+                   VALUE_LOSS_RE, _MISSING, _call_arg, _code, _factors, _find_modulo, _is_one, _kwarg, _last,
+                   _names_in)
+
+
+class KLMixin:
+    # ------------------------------------------------------------------ KL
+    def kl_sites(self):
+        """(target name, value expr, scope, assignment node) for assignments that compute a KL term."""
+        out = []
+        for info in list(self.p.funcs.values()) + [None]:
+            assigns = info.assigns if info is not None else self.p.module_assigns
+            for name, exprs in assigns.items():
+                if "kl" not in name.lower():
+                    continue
+                for e in exprs:
+                    if e is not None and not isinstance(e, (cst.Integer, cst.Float)):
+                        out.append((name, e, info))
+        return out
+
+    def extract_kl(self) -> None:
+        a = self.a
+        penalty_found = False
+        for name, expr, scope in self.kl_sites():
+            uses = self.kl_uses(name, scope)
+            early = [u for u in uses if u[0] == "compare"]
+            for _, node, _c in early:
+                a.warn(f"early stopping on KL ({self.loc(self.p.line(node))}) is not supported by MegatronTrainer; "
+                       "training will not stop early")
+            penalty = [u for u in uses if u[0] in ("reward", "loss")]
+            # DeepSpeed-Chat style: the coefficient is inside the KL expression itself
+            inline = self._inline_coef(expr, scope)
+            if not penalty and inline is not None and re.search(r"reward|score", " ".join(_names_in(expr)) + name, re.I):
+                penalty = [("reward", expr, inline)]
+            if not penalty and inline is not None and self._flows_into_rewards(name, scope):
+                penalty = [("reward", expr, inline)]
+            if not penalty:
+                continue
+            penalty_found = True
+            kind, node, coef = penalty[0]
+            ref_side = self.kl_reference(expr, scope)
+            if ref_side == "old":
+                a.refuse(f"the KL term at {self.loc(self.p.line(expr))} is measured against the old policy "
+                         "(the same model before the update), not against a frozen reference model; "
+                         "MegatronTrainer's KL penalty means something different")
+                return
+            if ref_side != "ref":
+                a.refuse(f"cannot tell what the KL term at {self.loc(self.p.line(expr))} is measured against "
+                         "(a frozen reference model or the old policy)")
+                return
+            self.emit("algorithm.kl.placement", Known(kind, self.p.line(node)))
+            if coef is not None:
+                self.emit("algorithm.kl.coef", self.kl_coef_value(coef, scope if kind != "inline" else scope), "the KL coefficient")
+            est = self.kl_estimator(expr, scope)
+            if est:
+                self.emit("algorithm.kl.estimator", Known(est, self.p.line(expr)))
+            else:
+                a.warn(f"algorithm.kl.estimator is left out: cannot tell which estimator {_code(expr)[:60]} is")
+            break
+        if not penalty_found:
+            penalty_found = self._inline_kl()
+        if not penalty_found and not a.reasons:
+            self.emit("algorithm.kl.coef", Known(0.0, self.p.line(self.main_loop)))
+            a.warn("no KL penalty against a reference model was found; algorithm.kl.coef is set to 0.0")
+
+    def _inline_kl(self) -> bool:
+        """``rewards = scores - coef * (logp - ref_logp)``: a KL term written inline in a reward or loss."""
+        a = self.a
+        for info in self.p.funcs.values():
+            for node in walk(info.node.body):
+                if not isinstance(node, (cst.Assign, cst.AugAssign)):
+                    continue
+                tgt = _code(node.targets[0].target if isinstance(node, cst.Assign) else node.target)
+                placement = "reward" if re.search(r"reward|score", tgt, re.I) else ("loss" if LOSS_RE.search(tgt) else None)
+                if placement is None:
+                    continue
+                for n in walk(node.value):
+                    if not (isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Multiply)):
+                        continue
+                    for c, other in ((n.left, n.right), (n.right, n.left)):
+                        if not (isinstance(other, cst.BinaryOperation) and isinstance(other.operator, cst.Subtract)):
+                            continue
+                        if not re.search(r"log|lp", _code(other.left), re.I) or not re.search(r"log|lp", _code(other.right), re.I):
+                            continue
+                        ref_side = self.kl_reference(other, info)
+                        if ref_side == "old":
+                            a.refuse(f"the KL term at {self.loc(self.p.line(other))} is measured against the old policy "
+                                     "(the same model before the update), not against a frozen reference model; "
+                                     "MegatronTrainer's KL penalty means something different")
+                            return True
+                        if ref_side != "ref":
+                            a.refuse(f"cannot tell what the KL term at {self.loc(self.p.line(other))} is measured against "
+                                     "(a frozen reference model or the old policy)")
+                            return True
+                        self.emit("algorithm.kl.placement", Known(placement, self.p.line(node)))
+                        self.emit("algorithm.kl.coef", self.kl_coef_value(c, info), "the KL coefficient")
+                        self.emit("algorithm.kl.estimator", Known("k1", self.p.line(other)))
+                        return True
+        return False
+
+    def _flows_into_rewards(self, name, scope) -> bool:
+        if scope is None:
+            return False
+        for node in walk(scope.node.body):
+            if isinstance(node, (cst.Assign, cst.AugAssign)):
+                tgt = node.targets[0].target if isinstance(node, cst.Assign) else node.target
+                if re.search(r"reward|score", _code(tgt), re.I) and name in _names_in(node.value):
+                    return True
+            if isinstance(node, cst.Return) and node.value is not None and name in _names_in(node.value):
+                return bool(re.search(r"reward", scope.name, re.I))
+        return False
+
+    def _inline_coef(self, expr, scope):
+        """Coefficient multiplied into the KL expression itself: ``-kl_ctl * (logp - ref)``."""
+        node = expr
+        if isinstance(node, cst.UnaryOperation):
+            node = node.expression
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+            for c, other in ((node.left, node.right), (node.right, node.left)):
+                if isinstance(other, cst.BinaryOperation) and isinstance(other.operator, cst.Subtract):
+                    if not isinstance(c, cst.BinaryOperation):
+                        return c
+        return None
+
+    def kl_uses(self, name: str, scope):
+        """How a KL variable is used: ('reward'|'loss', node, coef expr) or ('compare', node, None)."""
+        out = []
+        body = scope.node.body if scope is not None else self.p.module
+        for node in walk(body):
+            if isinstance(node, cst.Comparison) and name in [n for n in _names_in(node) ]:
+                if isinstance(node.left, (cst.Name, cst.Attribute, cst.Call)) and name in _names_in(node.left):
+                    out.append(("compare", node, None))
+                    continue
+            if isinstance(node, (cst.Assign, cst.AugAssign)):
+                value = node.value
+                tgt = node.targets[0].target if isinstance(node, cst.Assign) else node.target
+                tgt_code = _code(tgt)
+                if name in _names_in(tgt):
+                    continue
+                coef = self._coef_of(value, name)
+                if coef is _MISSING:
+                    continue
+                names = " ".join(_names_in(value)) + " " + tgt_code
+                if re.search(r"reward|score|return", tgt_code, re.I) or (
+                        re.search(r"reward|score", names, re.I) and not LOSS_RE.search(tgt_code)):
+                    out.append(("reward", node, coef))
+                elif LOSS_RE.search(tgt_code) or LOSS_RE.search(names):
+                    out.append(("loss", node, coef))
+            elif isinstance(node, cst.Return) and node.value is not None and scope is not None:
+                coef = self._coef_of(node.value, name)
+                if coef is not _MISSING and coef is not None:
+                    if LOSS_RE.search(scope.name):
+                        out.append(("loss", node, coef))
+                    elif re.search(r"reward", scope.name, re.I):
+                        out.append(("reward", node, coef))
+        return out
+
+    def _coef_of(self, value, name):
+        """Factor multiplying Name(name) inside a sum in *value*; None if used bare; _MISSING if absent."""
+        for n in walk(value):
+            if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Multiply):
+                for c, other in ((n.left, n.right), (n.right, n.left)):
+                    if self._is_kl_ref(other, name):
+                        return c
+        for n in walk(value):
+            if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, (cst.Add, cst.Subtract)):
+                if self._is_kl_ref(n.left, name) or self._is_kl_ref(n.right, name):
+                    return None
+        return _MISSING
+
+    @staticmethod
+    def _is_kl_ref(node, name) -> bool:
+        if isinstance(node, cst.Name) and node.value == name:
+            return True
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("mean", "sum"):
+            return KLMixin._is_kl_ref(node.func.value, name)
+        if isinstance(node, cst.Subscript):
+            return KLMixin._is_kl_ref(node.value, name)
+        if isinstance(node, cst.Call) and _last(node.func) in ("masked_mean", "mean", "sum") and node.args:
+            return KLMixin._is_kl_ref(node.args[0].value, name)
+        return False
+
+    def kl_coef_value(self, coef, scope):
+        """The KL coefficient as a magnitude (a penalty is subtracted however the sign is written)."""
+        if isinstance(coef, cst.UnaryOperation) and isinstance(coef.operator, cst.Minus):
+            coef = coef.expression
+        ev = self._kl_coef_value(coef, scope)
+        if isinstance(ev, Known) and isinstance(ev.value, (int, float)) and not isinstance(ev.value, bool):
+            return Known(abs(ev.value), ev.line)
+        return ev
+
+    def _kl_coef_value(self, coef, scope):
+        # kl_ctl.value / self.kl_ctl.value with a controller object
+        if isinstance(coef, cst.Attribute) and coef.attr.value in ("value", "coef", "kl_coef"):
+            ctl = self.controller(coef.value, scope)
+            if ctl is not None:
+                return ctl
+        if isinstance(coef, (cst.Name, cst.Attribute)):
+            ctl = self.controller(coef, scope)
+            if ctl is not None:
+                return ctl
+        return self.p.ev(coef, scope)
+
+    def controller(self, node, scope):
+        """Initial coefficient of a KL controller object (Adaptive/FixedKLController(...)); sets target/horizon."""
+        exprs = []
+        if isinstance(node, cst.Name):
+            exprs = [(e, scope) for e in self.p.assignments_of(node.value, scope)]
+        elif isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
+            cls = self.p.class_of(scope)
+            exprs = self.p.self_assignments(cls, node.attr.value) if cls else []
+        if len(exprs) != 1 or not isinstance(exprs[0][0], cst.Call):
+            return None
+        call, sc = exprs[0]
+        name = _last(call.func) or ""
+        if "KLController" not in name and "KLCtl" not in name:
+            return None
+        init = _call_arg(call, 0, "init_kl_coef") or _call_arg(call, 0, "kl_coef") or _call_arg(call, 0, "value")
+        if "Adaptive" in name:
+            target = _call_arg(call, 1, "target")
+            horizon = _call_arg(call, 2, "horizon")
+            self.emit("algorithm.kl.target", self.p.ev(target, sc), "the KL target")
+            self.emit("algorithm.kl.horizon", self.p.ev(horizon, sc), "the KL horizon")
+        return self.p.ev(init, sc)
+
+    def kl_estimator(self, expr, scope, depth=0) -> str:
+        code = _code(expr)
+        if isinstance(expr, cst.Call) and depth < 2:
+            t = self.p.resolve_callee(expr, scope)
+            if t is not None:
+                info = t[0]
+                for r in walk(info.node.body):
+                    if isinstance(r, cst.Return) and r.value is not None:
+                        est = self.kl_estimator(r.value, info, depth + 1)
+                        if est:
+                            return est
+                return ""
+            return ""
+        if isinstance(expr, cst.Name) and depth < 3:
+            for e in self.p.assignments_of(expr.value, scope):
+                if e is not None:
+                    est = self.kl_estimator(e, scope, depth + 1)
+                    if est:
+                        return est
+            return ""
+        if "exp(" in code and re.search(r"-\s*1(\.0*)?\b", code):
+            return "k3"
+        if "**2" in code.replace(" ", "") or "square(" in code or ".pow(2)" in code:
+            return "k2"
+        if "exp(" in code or "log(" in code:
+            return ""
+        for n in walk(expr):
+            if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Subtract):
+                return "k1"
+        return ""
+

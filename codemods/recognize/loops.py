@@ -1,0 +1,398 @@
+"""Loop discovery: which loop is the training loop, which function runs it, its shape."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import libcst as cst
+
+from .._static import FuncInfo, Known, Record, Runtime, dotted, walk
+from .base import (ENTROPY_RE, GEN_RE, LOSS_RE, OLD_NAME_RE, OPTIMIZERS, REF_NAME_RE, REWARD_RE, SCHEDULER_RE,
+                   VALUE_LOSS_RE, _MISSING, _call_arg, _code, _factors, _find_modulo, _is_one, _kwarg, _last,
+                   _names_in)
+
+
+class LoopsMixin:
+    def direct_callees(self, scope_node: cst.CSTNode) -> list[FuncInfo]:
+        out = []
+        for n in walk(scope_node):
+            if isinstance(n, cst.Call):
+                t = self.p.resolve_callee(n, self.p.func_of(n))
+                if t is not None:
+                    out.append(t[0])
+        return out
+
+    def reach(self, node: cst.CSTNode) -> set[str]:
+        """Feature tags found under *node* or in file functions it calls (transitively)."""
+        key = id(node)
+        if key in self._reach:
+            return self._reach[key]
+        self._reach[key] = set()
+        tags: set[str] = set()
+        for n in walk(node):
+            if isinstance(n, cst.Call):
+                tags |= self.call_tags(n)
+                t = self.p.resolve_callee(n, self.p.func_of(n))
+                if t is not None and t[0].node is not node:
+                    tags |= self.reach(t[0].node)
+        self._reach[key] = tags
+        return tags
+
+    def call_tags(self, call: cst.Call) -> set[str]:
+        tags = set()
+        last = _last(call.func) or ""
+        qs = self.qn(call.func)
+        if GEN_RE.match(last) or any(q.endswith("Categorical") for q in qs):
+            if not any(q.startswith("random.") or q.startswith("numpy.random") for q in qs):
+                tags.add("gen")
+        if last == "backward":
+            tags.add("backward")
+        if last == "step" and self.is_trl_trainer(call.func.value if isinstance(call.func, cst.Attribute) else None, call):
+            tags.add("trl_step")
+        if self.is_fwd_bwd(call) and not self.forward_only(call):
+            tags.add("backward")
+        return tags
+
+    def is_fwd_bwd(self, call: cst.Call) -> bool:
+        if isinstance(call.func, cst.Name):
+            exprs = self.p.assignments_of(call.func.value, self.p.func_of(call))
+            return any(isinstance(e, cst.Call) and (_last(e.func) or "") == "get_forward_backward_func" for e in exprs)
+        if isinstance(call.func, cst.Call) and (_last(call.func.func) or "") == "get_forward_backward_func":
+            return True
+        return False
+
+    def forward_only(self, call: cst.Call) -> bool:
+        v = _kwarg(call, "forward_only")
+        if v is None:
+            return False
+        ev = self.p.ev(v, self.p.func_of(call))
+        return isinstance(ev, Known) and bool(ev.value)
+
+    def find_main_loop(self):
+        cands = []
+        for loop in self.loops:
+            tags = self.reach(loop)
+            if ("gen" in tags and "backward" in tags) or "trl_step" in tags:
+                cands.append(loop)
+        outer = []
+        for loop in cands:
+            if not any(anc in cands for anc in self.p.ancestors(loop) if isinstance(anc, (cst.For, cst.While))):
+                outer.append(loop)
+        if not outer:
+            return None
+        # prefer a loop in a function that is not itself reached from another candidate's function
+        funcs = {id(self.p.func_of(l)): l for l in outer}
+        for loop in outer:
+            f = self.p.func_of(loop)
+            called_from_other = False
+            for other in outer:
+                if other is loop:
+                    continue
+                if f is not None and any(c.node is f.node for c in self.callees_closure(other)):
+                    called_from_other = True
+            if not called_from_other:
+                return loop
+        return outer[0] if funcs else None
+
+    def callees_closure(self, node) -> list[FuncInfo]:
+        seen: dict[int, FuncInfo] = {}
+        todo = [node]
+        while todo:
+            cur = todo.pop()
+            for f in self.direct_callees(cur):
+                if id(f.node) not in seen:
+                    seen[id(f.node)] = f
+                    todo.append(f.node.body)
+        return list(seen.values())
+
+    def find_entry(self, func: FuncInfo) -> Optional[FuncInfo]:
+        """The function whose body becomes the trainer call: the one ``__main__`` runs that reaches *func*."""
+        top = func
+        while top.parent is not None:
+            top = top.parent
+        main_calls = []
+        for stmt in self.p.module.body:
+            if isinstance(stmt, cst.If) and "__main__" in _code(stmt.test):
+                for n in walk(stmt.body):
+                    if isinstance(n, cst.Call):
+                        t = self.p.resolve_callee(n, None)
+                        if t is not None:
+                            main_calls.append(t[0])
+        for f in main_calls:
+            if f.node is top.node or any(c.node is top.node for c in self.callees_closure(f.node.body)):
+                return f if f.cls is None else None
+        callers = self.p.calls_by_callee()
+        cur = top
+        seen = set()
+        while cur.qual in callers and cur.qual not in seen:
+            seen.add(cur.qual)
+            sites = callers[cur.qual]
+            outers = {id(c[1].node): c[1] for c in sites if c[1] is not None}
+            if len(outers) != 1:
+                break
+            nxt = next(iter(outers.values()))
+            while nxt.parent is not None:
+                nxt = nxt.parent
+            cur = nxt
+        if cur.cls is not None:
+            return None
+        return cur
+
+    # ------------------------------------------------------------------ loop shape
+    def extract_loop_shape(self) -> None:
+        a = self.a
+        loop = self.main_loop
+        scope = self.loop_func
+        inner_data_loop = False
+        for n in walk(loop.body):
+            if isinstance(n, (cst.For, cst.While)) and n is not loop:
+                tags = self.reach(n)
+                if "gen" in tags and ("backward" in tags or "trl_step" in tags):
+                    inner_data_loop = True
+        steps = self.loop_count(loop, scope)
+        if inner_data_loop:
+            a.warn("trainer.total_steps is left out: the number of steps depends on the size of the dataset "
+                   f"(nested loops at {self.loc(self.p.line(loop))})")
+        elif steps is not None:
+            self.emit("trainer.total_steps", steps, "the number of training steps")
+        else:
+            a.warn(f"trainer.total_steps is left out: the loop at {self.loc(self.p.line(loop))} runs over data "
+                   "whose length is known only at run time")
+        # path from the main loop to the backward call: epochs and minibatch loops
+        path = self.path_to_backward(loop.body, scope, set())
+        if path is None:
+            return
+        epochs_set = False
+        for kind, node, sc in path:
+            if kind == "range1" and not epochs_set:
+                self.emit("algorithm.ppo_epochs", self.p.ev(node, sc), "the number of PPO epochs")
+                epochs_set = True
+            elif kind == "range3":
+                self.emit("algorithm.mini_batch_size", self.p.ev(node, sc), "the minibatch size")
+            elif kind == "split":
+                self.emit("algorithm.mini_batch_size", self.p.ev(node, sc), "the minibatch size")
+        if not epochs_set:
+            self.emit("algorithm.ppo_epochs", Known(1, self.p.line(loop)))
+
+    def loop_count(self, loop, scope):
+        if isinstance(loop, cst.For):
+            it = loop.iter
+            if isinstance(it, cst.Call) and _last(it.func) == "range":
+                args = [x.value for x in it.args]
+                if len(args) == 1:
+                    return self.p.ev(args[0], scope)
+                if len(args) == 2:
+                    lo, hi = self.p.ev(args[0], scope), self.p.ev(args[1], scope)
+                    if isinstance(lo, Known) and isinstance(hi, Known):
+                        return Known(hi.value - lo.value, hi.line)
+                    return hi if isinstance(hi, Runtime) else None
+            if isinstance(it, cst.Call) and _last(it.func) in ("tqdm", "trange"):
+                if _last(it.func) == "trange" and it.args:
+                    return self.p.ev(it.args[0].value, scope)
+                inner = it.args[0].value if it.args else None
+                if isinstance(inner, cst.Call) and _last(inner.func) == "range":
+                    fake = cst.For(target=loop.target, iter=inner, body=loop.body)
+                    return self.loop_count(fake, scope) if len(inner.args) <= 2 else None
+            return None
+        if isinstance(loop, cst.While):
+            t = loop.test
+            if isinstance(t, cst.Comparison) and len(t.comparisons) == 1:
+                op = t.comparisons[0].operator
+                if isinstance(op, cst.LessThan):
+                    return self.p.ev(t.comparisons[0].comparator, scope)
+                if isinstance(op, cst.LessThanEqual):
+                    v = self.p.ev(t.comparisons[0].comparator, scope)
+                    return Known(v.value + 1, v.line) if isinstance(v, Known) and isinstance(v.value, int) else v
+        return None
+
+    def path_to_backward(self, body, scope, seen):
+        """Loops (kind, count node, scope) from *body* down to the ``.backward()`` call."""
+        for n in walk(body):
+            if isinstance(n, cst.Call) and "backward" in self.call_tags(n):
+                return self._loops_between(body, n, scope)
+        for n in walk(body):
+            if isinstance(n, cst.Call):
+                t = self.p.resolve_callee(n, scope)
+                if t is None or id(t[0].node) in seen:
+                    continue
+                if "backward" in self.reach(t[0].node):
+                    seen.add(id(t[0].node))
+                    outer = self._loops_between(body, n, scope)
+                    inner = self.path_to_backward(t[0].node.body, t[0], seen)
+                    if inner is not None:
+                        return outer + inner
+        return None
+
+    def _loops_between(self, body, node, scope):
+        out = []
+        for anc in self.p.ancestors(node):
+            if anc is body:
+                break
+            if isinstance(anc, cst.For):
+                it = anc.iter
+                if isinstance(it, cst.Call) and _last(it.func) == "enumerate" and it.args:
+                    it = it.args[0].value
+                if isinstance(it, cst.Call) and _last(it.func) == "range":
+                    args = [x.value for x in it.args]
+                    if len(args) == 1:
+                        out.append(("range1", args[0], scope))
+                    elif len(args) == 3:
+                        out.append(("range3", args[2], scope))
+                elif isinstance(it, cst.Call) and _last(it.func) in ("split", "chunk") and it.args:
+                    if _last(it.func) == "split":
+                        out.append(("split", it.args[0].value, scope))
+                elif isinstance(it, cst.Call) and _last(it.func) in ("DataLoader",):
+                    bs = _kwarg(it, "batch_size")
+                    if bs is not None:
+                        out.append(("split", bs, scope))
+        out.reverse()
+        return out
+
+
+    # ------------------------------------------------------------------ entry point
+    def main_guard(self) -> Optional[cst.If]:
+        for stmt in self.p.module.body:
+            if isinstance(stmt, cst.If) and "__main__" in _code(stmt.test) and "__name__" in _code(stmt.test):
+                return stmt
+        return None
+
+    def find_entry_point(self) -> None:
+        """Where the rewrite goes: a function whose body becomes the trainer call, or a block of
+        top-level statements (the module body or the ``if __name__ == "__main__":`` body)."""
+        a = self.a
+        loop, func = self.main_loop, self.loop_func
+        if func is not None:
+            entry = self.find_entry(func)
+            if entry is not None:
+                a.entry = entry
+                return
+        guard = self.main_guard()
+        top = loop
+        for anc in self.p.ancestors(loop):
+            if isinstance(anc, cst.Module):
+                break
+            top = anc
+        if func is None:
+            if top is guard:
+                body = list(guard.body.body)
+                stmt = next(s for s in body if s is loop or any(x is s for x in self.p.ancestors(loop)))
+                self._plan_block("main", body, body.index(stmt))
+            else:
+                body = list(self.p.module.body)
+                self._plan_block("module", body, body.index(top))
+            return
+        targets = {func.node}
+        cur = func
+        while cur.parent is not None:
+            cur = cur.parent
+            targets.add(cur.node)
+        for kind, body in (("main", list(guard.body.body) if guard is not None else []), ("module", list(self.p.module.body))):
+            for i, stmt in enumerate(body):
+                if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or stmt is guard:
+                    continue
+                if self._stmt_reaches(stmt, targets):
+                    self._plan_block(kind, body, i)
+                    return
+        a.refuse(f"{self.loc(self.p.line(func.node))}: cannot tell which code runs the training loop in "
+                 f"{func.qual}() (no call to it from `if __name__ == \"__main__\":` or from a function that block "
+                 "calls); call it from main() under `if __name__ == \"__main__\":` and run migrate again")
+
+    def _stmt_reaches(self, stmt, targets) -> bool:
+        for n in walk(stmt):
+            if isinstance(n, cst.Call):
+                t = self.p.resolve_callee(n, self.p.func_of(n))
+                if t is not None and t[0].node in targets:
+                    return True
+        return any(f.node in targets for f in self.callees_closure(stmt))
+
+    def _plan_block(self, kind: str, body: list, index: int) -> None:
+        """Keep definitions, imports, constants and every statement a kept definition needs; the
+        statement running the loop becomes the trainer call; the rest of the hand-written setup goes."""
+        a = self.a
+        module_body = list(self.p.module.body)
+        always = []
+        cands = []
+        for i, stmt in enumerate(body):
+            if i == index:
+                continue
+            if _always_kept(stmt, i):
+                always.append(stmt)
+            else:
+                cands.append(i)
+        needed: set = set()
+        for stmt in module_body:
+            if kind == "main" and isinstance(stmt, cst.If) and stmt is self.main_guard():
+                continue
+            if kind == "module" and stmt in body and not _always_kept(stmt, module_body.index(stmt)):
+                continue
+            needed |= _loads(stmt)
+        for stmt in always:
+            needed |= _loads(stmt)
+        kept = set()
+        changed = True
+        while changed:
+            changed = False
+            for i in cands:
+                if i not in kept and _binds(body[i]) & needed:
+                    kept.add(i)
+                    needed |= _loads(body[i])
+                    changed = True
+        removed = [i for i in cands if i not in kept]
+        for i in removed:
+            if i > index:
+                a.warn(f"{self.loc(self.p.line(body[i]))}: `{_code(body[i]).splitlines()[0][:60]}` after the loop is "
+                       "removed with it; MegatronTrainer saves checkpoints to trainer.output_dir")
+        a.block = (kind, index, sorted(removed))
+
+
+def _always_kept(stmt, index: int) -> bool:
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        return True
+    if isinstance(stmt, cst.If) and "__main__" in _code(stmt.test):
+        return True
+    if isinstance(stmt, cst.SimpleStatementLine):
+        for small in stmt.body:
+            if isinstance(small, (cst.Import, cst.ImportFrom)):
+                continue
+            if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)):
+                continue
+            if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is not None and _is_literal(small.value):
+                continue
+            return False
+        return True
+    return False
+
+
+def _is_literal(node) -> bool:
+    if isinstance(node, (cst.Integer, cst.Float, cst.SimpleString, cst.ConcatenatedString)):
+        return True
+    if isinstance(node, cst.Name):
+        return node.value in ("True", "False", "None")
+    if isinstance(node, cst.UnaryOperation):
+        return _is_literal(node.expression)
+    if isinstance(node, (cst.Tuple, cst.List)):
+        return all(_is_literal(e.value) for e in node.elements)
+    if isinstance(node, cst.Dict):
+        return all(isinstance(e, cst.DictElement) and _is_literal(e.key) and _is_literal(e.value) for e in node.elements)
+    return False
+
+
+def _loads(stmt) -> set:
+    return {n.value for n in walk(stmt) if isinstance(n, cst.Name)}
+
+
+def _binds(stmt) -> set:
+    out = set()
+    for n in walk(stmt):
+        if isinstance(n, cst.AssignTarget):
+            out |= {x.value for x in walk(n.target) if isinstance(x, cst.Name)}
+        elif isinstance(n, (cst.AnnAssign, cst.AugAssign)):
+            out |= {x.value for x in walk(n.target) if isinstance(x, cst.Name)}
+        elif isinstance(n, (cst.For, cst.CompFor)):
+            out |= {x.value for x in walk(n.target) if isinstance(x, cst.Name)}
+        elif isinstance(n, cst.AsName):
+            out |= {x.value for x in walk(n.name) if isinstance(x, cst.Name)}
+        elif isinstance(n, (cst.FunctionDef, cst.ClassDef)):
+            out.add(n.name.value)
+    return out

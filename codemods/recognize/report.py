@@ -1,0 +1,89 @@
+"""What the report adds beyond the config: canonical keys left at a default, and hyperparameters
+found in the source that no canonical key takes (so nothing silently changes the algorithm)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import libcst as cst
+
+from .._static import Known, Record, _is_dataclass
+
+# The canonical keys of the config contract (docs: DESIGN.md, "Config contract").
+CANONICAL_KEYS = (
+    "algorithm.name", "algorithm.gamma", "algorithm.lam", "algorithm.clip_ratio", "algorithm.value_clip",
+    "algorithm.vf_coef", "algorithm.entropy_coef", "algorithm.kl.coef", "algorithm.kl.estimator",
+    "algorithm.kl.placement", "algorithm.kl.target", "algorithm.kl.horizon", "algorithm.ppo_epochs",
+    "algorithm.mini_batch_size", "algorithm.micro_batch_size", "algorithm.group_size",
+    "algorithm.whiten_advantages", "optim.actor.lr", "optim.critic.lr", "optim.actor.clip_grad",
+    "optim.actor.weight_decay", "data.rollout_batch_size", "data.max_response_length", "rollout.engine",
+    "rollout.temperature", "rollout.top_p", "trainer.total_steps", "trainer.save_every",
+    "trainer.args.tp_size", "trainer.args.pp_size", "trainer.output_dir",
+)
+MODEL_SOURCES = ("model.actor.args.model_provider", "model.actor.args.model_name_or_path", "model.actor.args.preset")
+
+
+def schema_default(key: str):
+    """verl-bridge's own default for a dotted key (from the config dataclasses; no torch)."""
+    from verl_bridge.config.schema import Config
+
+    cur = Config()
+    for part in key.split("."):
+        cur = getattr(cur, part)
+    if dataclasses.is_dataclass(cur):
+        return None
+    return cur
+
+
+class ReportMixin:
+    def finish_report(self) -> None:
+        a = self.a
+        # framework defaults (TRL's PPOConfig, ...) are in the config but not from the source
+        for key, source in getattr(self, "framework_defaults", {}).items():
+            if key in a.config:
+                a.defaults_used[key] = {"value": a.config[key], "from": source}
+        for key in CANONICAL_KEYS:
+            if key in a.config:
+                continue
+            if key in ("algorithm.clip_ratio",) and "algorithm.clip_ratio_low" in a.config:
+                continue
+            a.defaults_used[key] = {"value": schema_default(key), "from": "verl-bridge default"}
+        if not any(k in a.config for k in MODEL_SOURCES):
+            for key in MODEL_SOURCES:
+                a.defaults_used[key] = {"value": None, "from": "verl-bridge default"}
+        a.unmapped = self.unmapped_hyperparameters()
+
+    # ------------------------------------------------------------------ unmapped
+    def unmapped_hyperparameters(self) -> list:
+        """``name=value (file:line)`` for every numeric/bool setting in the source that no key took."""
+        used = set(self.a.provenance.values())
+        out, seen = [], set()
+
+        def add(name, ev, allow_str=False):
+            if not isinstance(ev, Known) or isinstance(ev.value, Record):
+                return
+            v = ev.value
+            if not isinstance(v, (int, float, bool)) and not (isinstance(v, str) and allow_str):
+                return
+            where = self.loc(ev.line)
+            if where in used or (name, where) in seen:
+                return
+            seen.add((name, where))
+            out.append(f"{name}={v!r} ({where})")
+
+        p = self.p
+        rec = p.args_record()
+        for name in rec.fields:
+            add(f"--{name.replace('_', '-')}", p.record_field(rec, name, 0))
+        for cname, cdef in p.classes.items():
+            if _is_dataclass(p, cdef):
+                drec = p.dataclass_record(cdef, None, None)
+                for name in drec.fields:
+                    add(f"{cname}.{name}", p.record_field(drec, name, 0))
+        for name, exprs in p.module_assigns.items():
+            if len(exprs) == 1 and isinstance(exprs[0], (cst.Integer, cst.Float, cst.Name, cst.UnaryOperation)):
+                add(name, p.ev(exprs[0], None))
+        for rname, rec2 in getattr(self, "framework_records", []):
+            for name in rec2.fields:
+                add(f"{rname}.{name}", p.record_field(rec2, name, 0), allow_str=True)
+        return out

@@ -1,0 +1,74 @@
+"""The reward: a top-level function the loop calls, or a TODO when it is built inline."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import libcst as cst
+
+from .._static import FuncInfo, Known, Record, Runtime, dotted, walk
+from .base import (ENTROPY_RE, GEN_RE, LOSS_RE, OLD_NAME_RE, OPTIMIZERS, REF_NAME_RE, REWARD_RE, SCHEDULER_RE,
+                   VALUE_LOSS_RE, _MISSING, _call_arg, _code, _factors, _find_modulo, _is_one, _kwarg, _last,
+                   _names_in)
+
+
+class RewardMixin:
+    def extract_reward(self) -> None:
+        a = self.a
+        defs = {stmt.name.value: stmt for stmt in self.p.module.body if isinstance(stmt, cst.FunctionDef)}
+        region = [self.main_loop] + [f.node for f in self.callees_closure(self.main_loop)]
+        top_level, inner = [], []
+        for r in region:
+            for n in walk(r):
+                if not isinstance(n, cst.Call):
+                    continue
+                scope = self.p.func_of(n)
+                name = _last(n.func) or ""
+                target = self.p.resolve_callee(n, scope)
+                if target is not None and target[0].cls is None and target[0].parent is None and REWARD_RE.search(name):
+                    top_level.append((target[0], n))
+                elif target is not None and target[0].parent is not None and REWARD_RE.search(name):
+                    inner.append((name, n))
+                elif isinstance(n.func, cst.Name) and REWARD_RE.search(name) and target is None:
+                    if name in defs:
+                        continue
+                    exprs = self.p.assignments_of(name, scope)
+                    if exprs:
+                        inner.append((name, n))
+        # a top-level function referenced as a value inside the loop (rewards = list(map(reward_fn, ...)))
+        if not top_level:
+            for r in region:
+                for n in walk(r):
+                    if isinstance(n, cst.Name) and n.value in defs and REWARD_RE.search(n.value):
+                        parent = self.p.parents.get(n)
+                        if isinstance(parent, cst.Arg):
+                            top_level.append((self.p.funcs[id(defs[n.value])], n))
+        fns = {f.qual: (f, n) for f, n in top_level}
+        if len(fns) > 1:
+            # reward helpers calling each other: keep the outermost one
+            called = set()
+            for f, _ in fns.values():
+                for c in self.callees_closure(f.node.body):
+                    called.add(c.qual)
+            fns = {q: v for q, v in fns.items() if q not in called}
+        if len(fns) == 1 and not inner:
+            f, n = next(iter(fns.values()))
+            self.emit("model.reward.type", Known("function", self.p.line(f.node)))
+            self.emit("model.reward.args.path", Known(f"{self.module_name}:{f.name}", self.p.line(f.node)))
+            nparams = len([p for p in f.params.values() if p[1].star not in ("*", "**") and p[1].default is None])
+            if nparams != 2:
+                a.warn(f"the reward function {f.name}() ({self.loc(self.p.line(f.node))}) takes {nparams} required "
+                       "argument(s); MegatronTrainer calls reward_fn(response_text, ground_truth) -> float")
+            return
+        if len(fns) > 1:
+            a.warn("several reward functions are called in the loop (" + ", ".join(sorted(fns)) +
+                   "); model.reward.args.path is left out")
+        where = inner[0][1] if inner else self.main_loop
+        what = inner[0][0] if inner else "the reward"
+        a.reward_todo = (f"TODO(verl-bridge): {what} was built inside the training code "
+                         f"({self.loc(self.p.line(where))}); move it to a top-level "
+                         "reward_fn(response_text, ground_truth) -> float and set model.reward.args.path")
+        a.warn(f"the reward ({what}, {self.loc(self.p.line(where))}) is built inside the training code, not a plain "
+               "top-level function; model.reward.args.path is left out and a TODO was added")
+
