@@ -701,8 +701,12 @@ class Program:
                     parent = self.parents.get(node)
                     if isinstance(parent, cst.Call) and parent.func is node:
                         continue
-                    if isinstance(parent, (cst.FunctionDef,)):
+                    if isinstance(parent, (cst.FunctionDef, cst.ImportAlias, cst.AsName)):
                         continue
+                    if isinstance(parent, cst.Attribute) and parent.attr is node:
+                        grand = self.parents.get(parent)
+                        if isinstance(grand, cst.Call) and grand.func is parent:
+                            continue  # module.function(...) is a call, not a value
                     uses.add(node.value)
             self._value_uses = uses
         return info.name in self._value_uses
@@ -814,6 +818,13 @@ class Program:
                 else:
                     return None
             return Known(Record(f"call:{name}", fields, line), line)
+        # a function of the program with one ``return``: ``args = parse_args()`` returns parser.parse_args()
+        t = self.resolve_callee(node, scope)
+        if t is not None and t[1] == 0 and t[0].cls is None:
+            rets = [n for n in walk(t[0].node.body) if isinstance(n, cst.Return) and n.value is not None
+                    and self.func_of(n) is t[0]]
+            if len(rets) == 1:
+                return self.ev(rets[0].value, t[0])
         return None
 
     def dataclass_record(self, cdef: cst.ClassDef, call: Optional[cst.Call], scope) -> Record:

@@ -102,6 +102,8 @@ class MigratePPOLoopCommand(VisitorBasedCodemodCommand):
             kind, index, removed = analysis.block
             body = self._block_body(prog.module, kind)
             used = {n.value for i in [index, *removed] for n in walk(body[i]) if isinstance(n, cst.Name)}
+            for i in analysis.removed_defs:
+                used |= {n.value for n in walk(prog.module.body[i]) if isinstance(n, cst.Name)}
         else:
             used = {n.value for n in walk(analysis.entry.node.body) if isinstance(n, cst.Name)}
         for stmt in prog.module.body:
@@ -144,6 +146,13 @@ class MigratePPOLoopCommand(VisitorBasedCodemodCommand):
         """Loop at module level or in the ``__main__`` block: keep definitions, imports, constants and
         what they need; the statement running the loop becomes the trainer call (under the guard)."""
         kind, index, removed = block
+        if self.analysis.removed_defs:
+            drop = set(self.analysis.removed_defs)
+            if kind == "module":
+                # indexes of the module body: the loop's definition joins the removed statements
+                removed = sorted(set(removed) | drop)
+            else:
+                tree = tree.with_changes(body=[s for i, s in enumerate(tree.body) if i not in drop])
         body = self._block_body(tree, kind)
         out = []
         for i, stmt in enumerate(body):

@@ -13,6 +13,9 @@ from .base import (ENTROPY_RE, GEN_RE, LOSS_RE, OLD_NAME_RE, OPTIMIZERS, REF_NAM
                    _names_in)
 
 
+MASK_RE = re.compile(r"done|terminal|mask|not_?done|nonterminal|(^|\W)1\s*-\s*\w", re.I)
+
+
 class AdvantagesMixin:
     # ------------------------------------------------------------------ advantages
     def extract_advantages(self) -> None:
@@ -46,13 +49,22 @@ class AdvantagesMixin:
                 self.emit("algorithm.whiten_advantages", Known(False, self.p.line(self.main_loop)))
 
     def find_gae(self):
-        """(gamma Ev, lam Ev | None, line) from ``last = delta + g * l * last`` and ``delta = r + g * v' - v``."""
+        """(gamma Ev, lam Ev | None, line) from ``last = delta + g * l * [mask *] last`` and
+        ``delta = r + g * v' [* mask] - v``. Done/terminal masks are not coefficients; a product
+        whose coefficients cannot be told apart (``gl = gamma * lam`` precomputed) proves nothing."""
         for info in self.p.funcs.values():
             for node in walk(info.node.body):
-                if not isinstance(node, cst.Assign) or not isinstance(node.targets[0].target, (cst.Name, cst.Subscript)):
+                if not isinstance(node, cst.Assign):
                     continue
-                tgt = node.targets[0].target
-                tname = tgt.value if isinstance(tgt, cst.Name) else _code(tgt.value)
+                tnames = set()
+                for t in node.targets:
+                    tgt = t.target
+                    if isinstance(tgt, cst.Name):
+                        tnames.add(tgt.value)
+                    elif isinstance(tgt, cst.Subscript):
+                        tnames.add(_code(tgt.value))
+                if not tnames:
+                    continue
                 value = node.value
                 if not isinstance(value, cst.BinaryOperation) or not isinstance(value.operator, cst.Add):
                     continue
@@ -60,10 +72,11 @@ class AdvantagesMixin:
                     factors = _factors(prod)
                     if len(factors) < 2:
                         continue
-                    rec = [f for f in factors if tname in _names_in(f) or _code(f).startswith(tname)]
-                    consts = [f for f in factors if f not in rec]
+                    rec = [f for f in factors if tnames & set(_names_in(f)) or any(_code(f).startswith(t) for t in tnames)]
                     if not rec:
                         continue
+                    rest = [f for f in factors if f not in rec]
+                    consts = [f for f in rest if not MASK_RE.search(_code(f))]
                     gamma_node = self._gamma_in_delta(delta, info)
                     if len(consts) == 2:
                         if gamma_node is not None:
@@ -73,9 +86,9 @@ class AdvantagesMixin:
                         l = consts[1] if g is consts[0] else consts[0]
                         return (self.p.ev(g, info), self.p.ev(l, info), self.p.line(node))
                     if len(consts) == 1 and gamma_node is not None and _code(consts[0]) != _code(gamma_node):
-                        # last = delta + gl * last with gl = gamma * lam precomputed: not provable as two keys
                         continue
-                    if len(consts) == 1 and (gamma_node is not None or "return" in tname.lower() or "ret" == tname.lower()):
+                    tname = " ".join(tnames).lower()
+                    if len(consts) == 1 and (gamma_node is not None or "return" in tname or tname == "ret"):
                         return (self.p.ev(consts[0], info), None, self.p.line(node))
         return None
 
@@ -88,17 +101,22 @@ class AdvantagesMixin:
             for n in walk(info.node.body):
                 if isinstance(n, cst.Assign) and isinstance(n.targets[0].target, cst.Subscript) and _code(n.targets[0].target.value) == delta.value.value:
                     names.append(n.value)
+        else:
+            names = [delta]
         for e in names:
             for n in walk(e):
                 if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Multiply):
-                    for c, other in ((n.left, n.right), (n.right, n.left)):
-                        if isinstance(c, (cst.Name, cst.Attribute, cst.Float, cst.Integer)) and re.search(
-                                r"value|next|v_|values", _code(other), re.I):
-                            return c
+                    factors = [f for f in _factors(n) if not MASK_RE.search(_code(f))]
+                    values = [f for f in factors if re.search(r"value|next|v_|values|vpred", _code(f), re.I)]
+                    coefs = [f for f in factors if f not in values and isinstance(f, (cst.Name, cst.Attribute, cst.Float, cst.Integer))]
+                    if values and len(coefs) == 1:
+                        return coefs[0]
         return None
 
     def find_group_norm(self):
-        """(group size Ev, line) for rewards reshaped to ``(-1, G)`` and normalised within each group."""
+        """(group size Ev, line) for rewards reshaped to ``(-1, G)`` and normalised within each group:
+        the reshaped tensor's ``mean`` and ``std`` over dim 1 (or -1). Decided by the data flow, not by
+        what the tensor is called."""
         for call, scope in self.calls:
             last = _last(call.func)
             if last not in ("view", "reshape", "unflatten") or not isinstance(call.func, cst.Attribute):
@@ -108,17 +126,34 @@ class AdvantagesMixin:
                 args = [e.value for e in args[1].elements]
             if len(args) != 2:
                 continue
-            recv = _code(call.func.value)
-            if not re.search(r"reward|score|return|adv", recv, re.I):
-                continue
             if not (isinstance(args[0], cst.UnaryOperation) and _code(args[0]) == "-1"):
                 continue
-            g = args[1]
-            # normalised within the group: a mean over dim 1 / -1 of the reshaped tensor nearby
-            body_code = _code(scope.node) if scope is not None else ""
-            if re.search(r"\.mean\(\s*(dim\s*=\s*)?(1|-1)", body_code) or "mean(dim=1" in body_code:
-                return (self.p.ev(g, scope), self.p.line(call))
+            parent = self.p.parents.get(call)
+            names = {_code(call)}
+            if isinstance(parent, cst.Assign):
+                names |= {_code(t.target) for t in parent.targets}
+            if scope is None or not self._normalised_per_row(scope.node, names):
+                continue
+            recv = call.func.value
+            if isinstance(recv, cst.Name):
+                self.reward_exprs = [(e, scope) for e in self.p.assignments_of(recv.value, scope) if e is not None]
+            return (self.p.ev(args[1], scope), self.p.line(call))
         return None
+
+    @staticmethod
+    def _normalised_per_row(func_node, names) -> bool:
+        mean = std = False
+        for n in walk(func_node):
+            if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in ("mean", "std"):
+                if _code(n.func.value) not in names:
+                    continue
+                dim = _call_arg(n, 0, "dim")
+                if dim is not None and _code(dim).replace(" ", "") in ("1", "-1"):
+                    if n.func.attr.value == "mean":
+                        mean = True
+                    else:
+                        std = True
+        return mean and std
 
     def has_value_loss(self):
         for info in self.p.funcs.values():

@@ -45,6 +45,7 @@ class Analysis:
     imports_used_by_entry: set = field(default_factory=set)
     # block rewrite: ("module" | "main", index of the loop statement, indexes of removed statements)
     block: Optional[tuple] = None
+    removed_defs: list = field(default_factory=list)  # module-body indexes of definitions that held the loop
     defaults_used: dict = field(default_factory=dict)
     unmapped: list = field(default_factory=list)
 

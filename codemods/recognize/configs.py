@@ -23,9 +23,10 @@ class ConfigSitesMixin:
                 out[arg.keyword.value] = (arg.value, scope)
             elif arg.star == "**":
                 rec = self.p.ev_record(arg.value, scope)
-                if rec is None:
+                if rec is None and re.search(r"kwargs|gen|sampl|config|cfg|params", _code(arg.value), re.I):
                     self.a.warn(f"{self.loc(self.p.line(arg))}: **{_code(arg.value)} is not a static dict; sampling "
                                 "settings inside it are not read")
+                if rec is None:
                     continue
                 for k, v in rec.fields.items():
                     out.setdefault(k, v)
@@ -133,6 +134,11 @@ class ConfigSitesMixin:
                 found_actor = True
                 self.check_lr_constants(_kwarg(call, "lr"), scope)
             elif last == "setup_model_and_optimizer":
+                parent = self.p.parents.get(call)
+                target = parent.targets[0].target if isinstance(parent, cst.Assign) else None
+                if isinstance(target, cst.Tuple) and len(target.elements) > 1 and \
+                        _code(target.elements[1].value) == "_":
+                    continue  # a frozen copy (reference model): its optimizer is thrown away
                 rec = self.p.args_record()
                 for k, key in (("lr", "optim.actor.lr"), ("weight_decay", "optim.actor.weight_decay"),
                                ("clip_grad", "optim.actor.clip_grad")):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from typing import Optional
 
 import libcst as cst
@@ -25,6 +26,9 @@ FRAMEWORK_ENTRIES = {
     "megatron.pretrain": "Megatron-LM's pretrain()",
     "megatron.training.training.pretrain_gpt": "Megatron-LM's pretrain()",
 }
+# libraries whose functions take callbacks but never own an RL loop
+NOT_FRAMEWORKS = set(sys.stdlib_module_names) | {
+    "torch", "transformers", "datasets", "numpy", "accelerate", "tqdm", "peft", "tokenizers", "deepspeed"}
 # top-level package -> framework whose trainer object owns the loop
 FRAMEWORK_OWNERS = {
     "openrlhf": "OpenRLHF (Ray trainer)", "nemo_aligner": "NeMo-Aligner", "verl": "verl (Ray trainer)",
@@ -38,8 +42,12 @@ class FrameworksMixin:
         if recv is None:
             return False
         exprs = []
+        scope = self.p.func_of(call)
         if isinstance(recv, cst.Name):
-            exprs = self.p.assignments_of(recv.value, self.p.func_of(call))
+            exprs = self.p.assignments_of(recv.value, scope)
+        elif isinstance(recv, cst.Attribute) and isinstance(recv.value, cst.Name) and recv.value.value == "self":
+            cls = self.p.class_of(scope)
+            exprs = [e for e, _ in self.p.self_assignments(cls, recv.attr.value)] if cls else []
         for e in exprs:
             if isinstance(e, cst.Call):
                 qs = self.qn(e.func)
@@ -82,7 +90,8 @@ class FrameworksMixin:
                     what = f"{owner}: " if owner else ""
                     return f"{what}{cls}.{call.func.attr.value}()"
         # an imported function handed the file's own hooks (model_provider, reward_fn, ...)
-        if any(q in self.p.imports.values() or "." in q for q in qs) and self._imported(call.func):
+        if any(q in self.p.imports.values() or "." in q for q in qs) and self._imported(call.func) and \
+                self.p._resolve_qual(call.func).split(".")[0] not in NOT_FRAMEWORKS:
             local_funcs = {s.name.value for s in self.p.module.body if isinstance(s, cst.FunctionDef)}
             passed = [a.value.value for a in call.args if isinstance(a.value, cst.Name) and a.value.value in local_funcs]
             if passed:

@@ -160,12 +160,19 @@ class LogProbRolesMixin:
             if last in ("requires_grad_",) and call.args and _code(call.args[0].value) == "False":
                 if isinstance(call.func, cst.Attribute):
                     frozen.add(_code(call.func.value))
+                    owner = self._parameters_owner(call.func.value, scope)
+                    if owner is not None:
+                        frozen.add(owner)
             if last in ("setup_model_and_optimizer", "get_megatron_optimizer"):
                 parent = self.p.parents.get(call)
                 if last == "setup_model_and_optimizer" and isinstance(parent, cst.Assign):
                     t = parent.targets[0].target
                     if isinstance(t, cst.Tuple) and t.elements:
-                        optimised.add(_code(t.elements[0].value))
+                        opt = t.elements[1].value if len(t.elements) > 1 else None
+                        if isinstance(opt, cst.Name) and opt.value == "_":
+                            frozen.add(_code(t.elements[0].value))  # its optimizer is thrown away
+                        else:
+                            optimised.add(_code(t.elements[0].value))
                 elif last == "get_megatron_optimizer":
                     arg = _call_arg(call, 1, "model_chunks")
                     if arg is not None:
@@ -181,3 +188,18 @@ class LogProbRolesMixin:
         self._models = out
         return out
 
+    def _parameters_owner(self, var, scope):
+        """``for p in ref_model.parameters(): p.requires_grad_(False)`` freezes ``ref_model``."""
+        if not isinstance(var, cst.Name):
+            return None
+        for anc in self.p.ancestors(var):
+            if isinstance(anc, cst.For) and isinstance(anc.target, cst.Name) and anc.target.value == var.value:
+                it = anc.iter
+                if isinstance(it, cst.Call) and _last(it.func) == "parameters" and isinstance(it.func, cst.Attribute):
+                    base = it.func.value
+                    while isinstance(base, cst.Subscript):
+                        base = base.value
+                    return _code(base)
+            if isinstance(anc, cst.FunctionDef):
+                break
+        return None

@@ -339,6 +339,25 @@ class LoopsMixin:
                     needed |= _loads(body[i])
                     changed = True
         removed = [i for i in cands if i not in kept]
+        # the definition holding the loop (a trainer class, a train() function) goes too when nothing
+        # that stays uses it: a migrated file keeps no second training loop
+        loop_def = None
+        for anc in self.p.ancestors(self.main_loop):
+            if isinstance(anc, (cst.FunctionDef, cst.ClassDef)) and anc in module_body:
+                loop_def = anc
+        if loop_def is not None:
+            others = set()
+            for i, stmt in enumerate(module_body):
+                if stmt is loop_def or (kind == "module" and (i == index or i in removed)):
+                    continue
+                if kind == "main" and stmt is self.main_guard():
+                    for j, inner in enumerate(body):
+                        if j != index and j not in removed:
+                            others |= _loads(inner)
+                    continue
+                others |= _loads(stmt)
+            if loop_def.name.value not in others:
+                a.removed_defs = [module_body.index(loop_def)]
         for i in removed:
             if i > index:
                 a.warn(f"{self.loc(self.p.line(body[i]))}: `{_code(body[i]).splitlines()[0][:60]}` after the loop is "

@@ -52,6 +52,28 @@ class ReportMixin:
             for key in MODEL_SOURCES:
                 a.defaults_used[key] = {"value": None, "from": "verl-bridge default"}
         a.unmapped = self.unmapped_hyperparameters()
+        if self.cli_values_used():
+            a.warn("values read from command-line parser defaults (argparse / HfArgumentParser / dataclass "
+                   "fields) are the values the script runs with when no flag is given; flags passed at launch "
+                   "override them, so check the YAML against your launch command")
+
+    def cli_values_used(self) -> bool:
+        p = self.p
+        rec = p.args_record()
+        lines = set()
+        for name in rec.fields:
+            ev = p.record_field(rec, name, 0)
+            if isinstance(ev, Known):
+                lines.add(self.loc(ev.line))
+        for cname, cdef in p.classes.items():
+            if _is_dataclass(p, cdef):
+                drec = p.dataclass_record(cdef, None, None)
+                for name in drec.fields:
+                    ev = p.record_field(drec, name, 0)
+                    if isinstance(ev, Known):
+                        lines.add(self.loc(ev.line))
+        return bool(lines & set(self.a.provenance.values())) or bool(p.unpacks and any(
+            "PPOConfig default" in v for v in self.a.provenance.values()))
 
     # ------------------------------------------------------------------ unmapped
     def unmapped_hyperparameters(self) -> list:
@@ -83,6 +105,20 @@ class ReportMixin:
         for name, exprs in p.module_assigns.items():
             if len(exprs) == 1 and isinstance(exprs[0], (cst.Integer, cst.Float, cst.Name, cst.UnaryOperation)):
                 add(name, p.ev(exprs[0], None))
+        # locals of the functions that run the loop: constants and dict-literal configs
+        funcs = [f for f in (self.a.entry, getattr(self, "loop_func", None)) if f is not None]
+        for info in {id(f): f for f in funcs}.values():
+            for name, exprs in info.assigns.items():
+                if len(exprs) != 1 or exprs[0] is None:
+                    continue
+                e = exprs[0]
+                if isinstance(e, (cst.Integer, cst.Float, cst.UnaryOperation)):
+                    add(name, p.ev(e, info))
+                elif isinstance(e, cst.Dict):
+                    r = p.ev_record(e, info)
+                    if r is not None:
+                        for k in r.fields:
+                            add(f"{name}[{k!r}]", p.record_field(r, k, 0))
         for rname, rec2 in getattr(self, "framework_records", []):
             for name in rec2.fields:
                 add(f"{rname}.{name}", p.record_field(rec2, name, 0), allow_str=True)

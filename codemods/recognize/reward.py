@@ -44,6 +44,14 @@ class RewardMixin:
                         parent = self.p.parents.get(n)
                         if isinstance(parent, cst.Arg):
                             top_level.append((self.p.funcs[id(defs[n.value])], n))
+        # structurally: the top-level function whose results become the group-normalised rewards
+        if not top_level and getattr(self, "reward_exprs", None):
+            for expr, sc in self.reward_exprs:
+                for n in walk(expr):
+                    if isinstance(n, cst.Call):
+                        target = self.p.resolve_callee(n, sc)
+                        if target is not None and target[0].cls is None and target[0].parent is None:
+                            top_level.append((target[0], n))
         fns = {f.qual: (f, n) for f, n in top_level}
         if len(fns) > 1:
             # reward helpers calling each other: keep the outermost one
