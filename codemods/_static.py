@@ -19,11 +19,12 @@ CleanRL style), dict literals and keyword-constructed config objects (``PPOConfi
 from __future__ import annotations
 
 import ast
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Union
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider
+from libcst.metadata import MetadataWrapper, PositionProvider
 
 
 @dataclass(frozen=True)
@@ -90,13 +91,56 @@ def dotted(node: cst.CSTNode) -> Optional[str]:
     return None
 
 
+# Children of every node of the programs being analysed (identity-keyed: CSTNode hashes by id).
+# ``node.children`` runs a visitor that rebuilds the node; reading the dataclass fields is ~20x faster.
+_CHILDREN: dict = {}
+_FIELDS: dict = {}  # node type -> names of its fields, in lexical order
+_IS_NODE: dict = {}  # type -> is it a CSTNode subclass (isinstance on libcst's ABCs is slow)
+
+
+def _is_node_type(t) -> bool:
+    r = _IS_NODE.get(t)
+    if r is None:
+        r = _IS_NODE[t] = issubclass(t, cst.CSTNode)
+    return r
+
+
+def kids(node) -> tuple:
+    """The child nodes of *node* in source order, from its dataclass fields."""
+    t = type(node)
+    names = _FIELDS.get(t)
+    if names is None:
+        names = [f.name for f in dataclasses.fields(node)]
+        if "decorators" in names:  # decorators come first in the source
+            names.remove("decorators")
+            names.insert(0, "decorators")
+        if "leading_lines" in names:
+            names.remove("leading_lines")
+            names.insert(0, "leading_lines")
+        names = _FIELDS[t] = tuple(names)
+    out = []
+    for name in names:
+        v = getattr(node, name)
+        tv = type(v)
+        if tv is list or tv is tuple:
+            for x in v:
+                if _is_node_type(type(x)):
+                    out.append(x)
+        elif _is_node_type(tv):
+            out.append(v)
+    return tuple(out)
+
+
 def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """Pre-order traversal with an explicit stack: deep expressions never hit the recursion limit."""
     stack = [node]
+    get = _CHILDREN.get
     while stack:
         cur = stack.pop()
         yield cur
-        children = cur.children
+        children = get(cur)
+        if children is None:
+            children = kids(cur)
         if children:
             stack.extend(reversed(children))
 
@@ -125,13 +169,28 @@ class Program:
     """A parsed script with the indexes the evaluator and the recogniser need."""
 
     def __init__(self, module: cst.Module, filename: str = "<string>", wrapper: Optional[MetadataWrapper] = None,
-                 source_dir: Optional[str] = None, _depth: int = 0):
+                 source_dir: Optional[str] = None, _depth: int = 0, source: Optional[bytes] = None):
         self.filename = filename
-        self.wrapper = wrapper if wrapper is not None else MetadataWrapper(module)
-        self.module = self.wrapper.module
-        self.pos = self.wrapper.resolve(PositionProvider)
-        self.parents = self.wrapper.resolve(ParentNodeProvider)
-        self.qnames_map = self.wrapper.resolve(QualifiedNameProvider)
+        self.source = source
+        self.module = wrapper.module if wrapper is not None else module
+        if _depth == 0:
+            _CHILDREN.clear()
+        # one pass over the tree: children and parents of every node (no libcst metadata pass: those
+        # cost seconds on a 20,000-line file); line numbers are computed per top-level statement on demand
+        self._own_parents: dict = {}
+        self._order: list = []
+        stack = [self.module]
+        while stack:
+            cur = stack.pop()
+            self._order.append(cur)
+            children = kids(cur)
+            _CHILDREN[cur] = children
+            for child in children:
+                self._own_parents[child] = cur
+            stack.extend(reversed(children))
+        self.parents = self._own_parents
+        self._top_offsets: Optional[dict] = None
+        self._positions: dict = {}
         self.funcs: dict[int, FuncInfo] = {}  # id(FunctionDef) -> info
         self.funcs_by_qual: dict[str, FuncInfo] = {}
         self.classes: dict[str, cst.ClassDef] = {}
@@ -151,16 +210,53 @@ class Program:
 
     # ------------------------------------------------------------------ indexing
     def line(self, node: cst.CSTNode) -> int:
-        try:
-            return self.pos[node].start.line
-        except KeyError:
-            pass
+        if node in self._own_parents or node is self.module:
+            return self._line_own(node)
         for sub in getattr(self, "local_modules", {}).values():
-            try:
-                return Line(sub.pos[node].start.line, sub.filename)
-            except KeyError:
-                continue
+            if node in sub._own_parents:
+                return Line(sub._line_own(node), sub.filename)
         return 0
+
+    def _line_own(self, node: cst.CSTNode) -> int:
+        top = node
+        parent = self._own_parents.get(top)
+        while parent is not None and parent is not self.module:
+            top = parent
+            parent = self._own_parents.get(top)
+        if parent is None:
+            return 0
+        if self._top_offsets is None:
+            self._top_offsets = self._first_lines()
+        first = self._top_offsets.get(top)
+        pos = self._positions.get(top)
+        if pos is None:
+            mini = self.module.with_changes(header=[], body=[top], footer=[])
+            pos = MetadataWrapper(mini, unsafe_skip_copy=True).resolve(PositionProvider)
+            self._positions[top] = pos
+        try:
+            line = pos[node].start.line
+        except KeyError:
+            return 0
+        if first is None:
+            return line
+        mini_first = min([pos[top].start.line] + [pos[d].start.line for d in getattr(top, "decorators", ())])
+        return line + first - mini_first
+
+    def _first_lines(self) -> dict:
+        """Line of the first token of each top-level statement, from Python's own parser (fast)."""
+        src = self.source if self.source is not None else self.module.code
+        try:
+            body = ast.parse(src).body
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return {}
+        out, k = {}, 0
+        for stmt in self.module.body:
+            if k >= len(body):
+                break
+            a = body[k]
+            out[stmt] = min([a.lineno] + [d.lineno for d in getattr(a, "decorator_list", ())])
+            k += len(stmt.body) if isinstance(stmt, cst.SimpleStatementLine) else 1
+        return out
 
     # ------------------------------------------------------------------ local modules
     def _load_local_modules(self, source_dir: str, depth: int) -> None:
@@ -178,11 +274,12 @@ class Program:
                 if os.path.isfile(cand) and os.path.abspath(cand) != os.path.abspath(os.path.join(source_dir, self.filename)):
                     try:
                         with open(cand, "rb") as fh:
-                            sub_tree = cst.parse_module(fh.read())
+                            sub_src = fh.read()
+                        sub_tree = cst.parse_module(sub_src)
                     except (OSError, cst.ParserSyntaxError, UnicodeDecodeError):
                         break
                     rel = os.path.relpath(cand, source_dir).replace(os.sep, "/")
-                    sub = Program(sub_tree, rel, source_dir=source_dir, _depth=depth + 1)
+                    sub = Program(sub_tree, rel, source_dir=source_dir, _depth=depth + 1, source=sub_src)
                     self._merge(root, sub, names)
                     break
 
@@ -192,10 +289,8 @@ class Program:
         self.local_modules[root] = sub
         for name, prog in sub.local_modules.items():
             self.local_modules.setdefault(name, prog)
-        self.parents = ChainMap(self.parents, sub.parents) if not isinstance(self.parents, ChainMap) else \
-            self.parents.new_child(sub.parents)
-        self.qnames_map = ChainMap(self.qnames_map, sub.qnames_map) if not isinstance(self.qnames_map, ChainMap) \
-            else self.qnames_map.new_child(sub.qnames_map)
+        self.parents = ChainMap(self.parents, sub._own_parents) if not isinstance(self.parents, ChainMap) else \
+            self.parents.new_child(sub._own_parents)
         self.funcs.update(sub.funcs)
         self.modules.extend(sub.modules)
         for qual, info in sub.funcs_by_qual.items():
@@ -218,10 +313,15 @@ class Program:
             self.classes.setdefault(cname, cdef)
 
     def qnames(self, node: cst.CSTNode) -> set[str]:
-        val = self.qnames_map.get(node, ())
-        if callable(val) and not isinstance(val, (set, frozenset, tuple, list)):
-            val = val()
-        return {q.name for q in val}
+        """Qualified name of a dotted reference through the imports (``F.relu`` -> torch.nn.functional.relu)."""
+        d = dotted(node)
+        if not d:
+            return set()
+        first, _, rest = d.partition(".")
+        q = self.imports.get(first)
+        if q is None:
+            return set()
+        return {f"{q}.{rest}" if rest else q}
 
     def _index(self, body, cls: Optional[str], parent: Optional[FuncInfo], assigns: dict) -> None:
         for stmt in body:
@@ -289,9 +389,9 @@ class Program:
         elif isinstance(node, cst.NamedExpr):
             if isinstance(node.target, cst.Name):
                 self._record_assign(assigns, node.target.value, None)
-        elif isinstance(node, (cst.Import, cst.ImportFrom)) and parent is None and cls is None:
-            self._index_import(node)
-        for child in node.children:
+        elif isinstance(node, (cst.Import, cst.ImportFrom)):
+            self._index_import(node, top=parent is None and cls is None)
+        for child in _CHILDREN.get(node) or kids(node):
             self._index_node(child, cls, parent, assigns)
 
     @staticmethod
@@ -303,10 +403,14 @@ class Program:
     def _record_assign(assigns: dict, name: str, value) -> None:
         assigns.setdefault(name, []).append(value)
 
-    def _index_import(self, node) -> None:
-        before = set(self.imports)
+    def _index_import(self, node, top: bool = True) -> None:
+        """Top-level imports bind names; an import inside a function only fills names not bound yet."""
+        saved = dict(self.imports)
         self._index_import_names(node)
-        for name in set(self.imports) - before:
+        if not top:
+            for name, q in saved.items():
+                self.imports[name] = q
+        for name in set(self.imports) - set(saved):
             self.import_lines[name] = self.line(node)
 
     def _index_import_names(self, node) -> None:
@@ -330,8 +434,17 @@ class Program:
     def all_nodes(self) -> list:
         """Every node of the script and of the local modules it imports (computed once)."""
         if getattr(self, "_all_nodes", None) is None:
-            self._all_nodes = [n for m in self.modules for n in walk(m)]
+            self._all_nodes = list(self._order)
+            for sub in self.local_modules.values():
+                self._all_nodes.extend(sub._order)
         return self._all_nodes
+
+    def nodes_of(self, *types) -> list:
+        """``(node, enclosing FuncInfo)`` for every node of these types, in source order (cached)."""
+        cache = self.__dict__.setdefault("_by_type", {})
+        if types not in cache:
+            cache[types] = [(n, self.func_of(n)) for n in self.all_nodes() if isinstance(n, types)]
+        return cache[types]
 
     # ------------------------------------------------------------------ scopes
     def func_of(self, node: cst.CSTNode) -> Optional[FuncInfo]:

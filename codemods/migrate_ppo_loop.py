@@ -25,9 +25,10 @@ When the recogniser is not certain, the file is skipped (``SkipFile``) with the 
 from __future__ import annotations
 
 import argparse
-import json
 import builtins
+import json
 import os
+from collections import Counter
 from typing import Optional
 
 import libcst as cst
@@ -46,8 +47,9 @@ class MigratePPOLoopCommand(VisitorBasedCodemodCommand):
     DESCRIPTION = "Rewrite a hand-written PPO/GRPO loop into MegatronTrainer(config).train() (verl-bridge)."
 
     def __init__(self, context: CodemodContext, config_path: Optional[str] = None, write_config: bool = False,
-                 source_dir: Optional[str] = None) -> None:
+                 source_dir: Optional[str] = None, source: Optional[bytes] = None) -> None:
         super().__init__(context)
+        self.source = source  # the bytes *tree* was parsed from (line numbers come from Python's parser)
         self.config_path = config_path
         self.write_config = write_config
         self.source_dir = source_dir
@@ -69,7 +71,7 @@ class MigratePPOLoopCommand(VisitorBasedCodemodCommand):
         source_dir = self.source_dir
         if source_dir is None and self.context.filename:
             source_dir = os.path.dirname(os.path.abspath(self.context.filename))
-        prog = Program(tree, os.path.basename(filename), wrapper=self.context.wrapper, source_dir=source_dir)
+        prog = Program(tree, os.path.basename(filename), source_dir=source_dir, source=self.source)
         analysis = analyze(prog, module_name)
         if analysis.status == "migrate" and not module_name.isidentifier():
             analysis.refuse(f"the file name {os.path.basename(filename)!r} is not an importable module name; "
@@ -81,11 +83,12 @@ class MigratePPOLoopCommand(VisitorBasedCodemodCommand):
         if analysis.status == "unchanged":
             return tree
         self.config_rel = self.config_path or f"{module_name}.yaml"
-        self._schedule_imports(prog, analysis)
+        gone = self._removed_names(prog, analysis)
         if analysis.block is not None:
             new = self._rewrite_block(tree, analysis.block)
         else:
-            new = tree.visit(self)
+            new = self._rewrite_entry(tree, analysis.entry.node)
+        new = _edit_imports(new, prog, gone)
         if self.write_config and self.context.filename:
             from verl_bridge.migrate.yamlout import render_yaml
             from verl_bridge.migrate.writes import atomic_write
@@ -94,37 +97,26 @@ class MigratePPOLoopCommand(VisitorBasedCodemodCommand):
             atomic_write(target, render_yaml(analysis.config, analysis.provenance, os.path.basename(filename)).encode())
         return new
 
-    def _schedule_imports(self, prog: Program, analysis: Analysis) -> None:
-        self.add_needed_import("os")
-        self.add_needed_import("verl_bridge", "MegatronTrainer")
-        self.add_needed_import("verl_bridge", "load_config")
+    def migrate(self, tree: cst.Module) -> cst.Module:
+        """Run the codemod on *tree* without libcst's metadata passes (linear time on large files).
+        Raises ``SkipFile`` when the file is refused, like ``transform_module``."""
+        return self.transform_module_impl(tree)
+
+    @staticmethod
+    def _removed_names(prog: Program, analysis: Analysis) -> Counter:
+        """How often each name occurs in the code the rewrite removes."""
         if analysis.block is not None:
             kind, index, removed = analysis.block
-            body = self._block_body(prog.module, kind)
-            used = {n.value for i in [index, *removed] for n in walk(body[i]) if isinstance(n, cst.Name)}
-            for i in analysis.removed_defs:
-                used |= {n.value for n in walk(prog.module.body[i]) if isinstance(n, cst.Name)}
+            body = MigratePPOLoopCommand._block_body(prog.module, kind)
+            nodes = [body[i] for i in [index, *removed]]
+            nodes += [prog.module.body[i] for i in analysis.removed_defs]
         else:
-            used = {n.value for n in walk(analysis.entry.node.body) if isinstance(n, cst.Name)}
-        for stmt in prog.module.body:
-            if not isinstance(stmt, cst.SimpleStatementLine):
-                continue
-            for small in stmt.body:
-                if isinstance(small, cst.Import):
-                    for alias in small.names:
-                        local = alias.asname.name.value if alias.asname else cst.Module([]).code_for_node(alias.name).split(".")[0]
-                        if local in used:
-                            full = cst.Module([]).code_for_node(alias.name)
-                            self.remove_unused_import(full, None, alias.asname.name.value if alias.asname else None)
-                elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar) and small.module is not None and not small.relative:
-                    mod = cst.Module([]).code_for_node(small.module)
-                    if mod == "__future__":
-                        continue
-                    for alias in small.names:
-                        name = cst.Module([]).code_for_node(alias.name)
-                        local = alias.asname.name.value if alias.asname else name
-                        if local in used:
-                            self.remove_unused_import(mod, name, alias.asname.name.value if alias.asname else None)
+            nodes = [analysis.entry.node.body]
+        return Counter(n.value for node in nodes for n in walk(node) if isinstance(n, cst.Name))
+
+    def _rewrite_entry(self, tree: cst.Module, entry: cst.FunctionDef) -> cst.Module:
+        new_def = self.leave_FunctionDef(entry, entry)
+        return tree.with_changes(body=[new_def if st is entry else st for st in tree.body])
 
     # ------------------------------------------------------------------ rewrite
     @staticmethod
@@ -155,9 +147,10 @@ class MigratePPOLoopCommand(VisitorBasedCodemodCommand):
                 tree = tree.with_changes(body=[s for i, s in enumerate(tree.body) if i not in drop])
         body = self._block_body(tree, kind)
         out = []
+        pending = None
         for i, stmt in enumerate(body):
             if i == index:
-                lead = list(getattr(stmt, "leading_lines", ()))
+                lead = list(getattr(stmt, "leading_lines", ())) or (pending or [])
                 if kind == "module":
                     new = cst.If(test=cst.parse_expression('__name__ == "__main__"'),
                                  body=cst.IndentedBlock(body=self._trainer_lines()), leading_lines=lead)
@@ -167,7 +160,18 @@ class MigratePPOLoopCommand(VisitorBasedCodemodCommand):
                     lines[0] = lines[0].with_changes(leading_lines=lead + list(lines[0].leading_lines))
                     out.extend(lines)
             elif i not in removed:
+                if pending is not None and not stmt.leading_lines:
+                    stmt = stmt.with_changes(leading_lines=pending)
+                pending = None
                 out.append(stmt)
+                continue
+            elif pending is None:
+                # the blank lines / comments above a removed run stay with the next kept statement
+                pending = list(getattr(stmt, "leading_lines", ()))
+                continue
+            else:
+                continue
+            pending = None
         if kind == "module":
             return tree.with_changes(body=out)
         new_body = []
@@ -234,3 +238,90 @@ def _handler_is_keyboard_interrupt(h: cst.ExceptHandler) -> bool:
 
 def _catches_keyboard_interrupt(node: cst.Try) -> bool:
     return any(_handler_is_keyboard_interrupt(h) for h in node.handlers)
+
+
+# ---------------------------------------------------------------------- imports
+def _is_import_line(stmt) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(x, (cst.Import, cst.ImportFrom)) for x in stmt.body)
+
+
+def _alias_local(alias) -> str:
+    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+        return alias.asname.name.value
+    return cst.Module([]).code_for_node(alias.name).split(".")[0]
+
+
+def _edit_imports(tree: cst.Module, prog: Program, gone: Counter) -> cst.Module:
+    """Drop top-level imports that only the removed code used, then add ``import os`` and
+    ``from verl_bridge import MegatronTrainer, load_config`` after the leading import block."""
+    total: Counter = Counter()
+    for node in prog._order:
+        if isinstance(node, cst.Name):
+            total[node.value] += 1
+    in_imports: Counter = Counter()
+    for stmt in prog.module.body:
+        if _is_import_line(stmt):
+            for n in walk(stmt):
+                if isinstance(n, cst.Name):
+                    in_imports[n.value] += 1
+
+    def unused(local: str) -> bool:
+        return gone.get(local, 0) > 0 and total[local] - in_imports[local] - gone[local] <= 0
+
+    body, carry = [], []
+    for stmt in tree.body:
+        if not _is_import_line(stmt):
+            if carry:
+                stmt = stmt.with_changes(leading_lines=carry + list(stmt.leading_lines))
+                carry = []
+            body.append(stmt)
+            continue
+        smalls = []
+        for small in stmt.body:
+            if isinstance(small, cst.ImportFrom) and (isinstance(small.names, cst.ImportStar) or (
+                    small.module is not None and cst.Module([]).code_for_node(small.module) == "__future__")):
+                smalls.append(small)
+                continue
+            names = [a for a in small.names if not unused(_alias_local(a))]
+            if not names:
+                continue
+            if len(names) != len(small.names):
+                names[-1] = names[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                small = small.with_changes(names=names)
+            smalls.append(small)
+        if smalls:
+            if carry:
+                stmt = stmt.with_changes(leading_lines=carry + list(stmt.leading_lines))
+                carry = []
+            body.append(stmt.with_changes(body=smalls))
+        else:
+            carry += [line for line in stmt.leading_lines if line.comment is not None]
+    have_os, have = False, set()
+    for st in body:
+        if not _is_import_line(st):
+            continue
+        for x in st.body:
+            if isinstance(x, cst.Import):
+                have_os = have_os or any(cst.Module([]).code_for_node(a.name) == "os" and a.asname is None
+                                         for a in x.names)
+            elif (x.module is not None and not x.relative and not isinstance(x.names, cst.ImportStar)
+                  and cst.Module([]).code_for_node(x.module) == "verl_bridge"):
+                have |= {_alias_local(a) for a in x.names if a.asname is None}
+    new = []
+    if not have_os:
+        new.append(cst.parse_statement("import os\n"))
+    missing = [n for n in ("MegatronTrainer", "load_config") if n not in have]
+    if missing:
+        new.append(cst.parse_statement(f"from verl_bridge import {', '.join(missing)}\n"))
+    if not new:
+        return tree.with_changes(body=body)
+    # after the last import of the leading block (a docstring first)
+    at = i = 0
+    if body and isinstance(body[0], cst.SimpleStatementLine) and len(body[0].body) == 1 and isinstance(
+            body[0].body[0], cst.Expr) and isinstance(body[0].body[0].value, (cst.SimpleString, cst.ConcatenatedString)):
+        at = i = 1
+    while i < len(body) and _is_import_line(body[i]):
+        i += 1
+        at = i
+    return tree.with_changes(body=body[:at] + new + body[at:])

@@ -52,44 +52,43 @@ class AdvantagesMixin:
         """(gamma Ev, lam Ev | None, line) from ``last = delta + g * l * [mask *] last`` and
         ``delta = r + g * v' [* mask] - v``. Done/terminal masks are not coefficients; a product
         whose coefficients cannot be told apart (``gl = gamma * lam`` precomputed) proves nothing."""
-        for info in self.p.funcs.values():
-            for node in walk(info.node.body):
-                if not isinstance(node, cst.Assign):
+        for node, info in self.func_nodes(cst.Assign):
+            if not isinstance(node, cst.Assign):
+                continue
+            tnames = set()
+            for t in node.targets:
+                tgt = t.target
+                if isinstance(tgt, cst.Name):
+                    tnames.add(tgt.value)
+                elif isinstance(tgt, cst.Subscript):
+                    tnames.add(_code(tgt.value))
+            if not tnames:
+                continue
+            value = node.value
+            if not isinstance(value, cst.BinaryOperation) or not isinstance(value.operator, cst.Add):
+                continue
+            for delta, prod in ((value.left, value.right), (value.right, value.left)):
+                factors = _factors(prod)
+                if len(factors) < 2:
                     continue
-                tnames = set()
-                for t in node.targets:
-                    tgt = t.target
-                    if isinstance(tgt, cst.Name):
-                        tnames.add(tgt.value)
-                    elif isinstance(tgt, cst.Subscript):
-                        tnames.add(_code(tgt.value))
-                if not tnames:
+                rec = [f for f in factors if tnames & set(_names_in(f)) or any(_code(f).startswith(t) for t in tnames)]
+                if not rec:
                     continue
-                value = node.value
-                if not isinstance(value, cst.BinaryOperation) or not isinstance(value.operator, cst.Add):
+                rest = [f for f in factors if f not in rec]
+                consts = [f for f in rest if not MASK_RE.search(_code(f))]
+                gamma_node = self._gamma_in_delta(delta, info)
+                if len(consts) == 2:
+                    if gamma_node is not None:
+                        g = next((c for c in consts if _code(c) == _code(gamma_node)), consts[0])
+                    else:
+                        g = consts[0]
+                    l = consts[1] if g is consts[0] else consts[0]
+                    return (self.p.ev(g, info), self.p.ev(l, info), self.p.line(node))
+                if len(consts) == 1 and gamma_node is not None and _code(consts[0]) != _code(gamma_node):
                     continue
-                for delta, prod in ((value.left, value.right), (value.right, value.left)):
-                    factors = _factors(prod)
-                    if len(factors) < 2:
-                        continue
-                    rec = [f for f in factors if tnames & set(_names_in(f)) or any(_code(f).startswith(t) for t in tnames)]
-                    if not rec:
-                        continue
-                    rest = [f for f in factors if f not in rec]
-                    consts = [f for f in rest if not MASK_RE.search(_code(f))]
-                    gamma_node = self._gamma_in_delta(delta, info)
-                    if len(consts) == 2:
-                        if gamma_node is not None:
-                            g = next((c for c in consts if _code(c) == _code(gamma_node)), consts[0])
-                        else:
-                            g = consts[0]
-                        l = consts[1] if g is consts[0] else consts[0]
-                        return (self.p.ev(g, info), self.p.ev(l, info), self.p.line(node))
-                    if len(consts) == 1 and gamma_node is not None and _code(consts[0]) != _code(gamma_node):
-                        continue
-                    tname = " ".join(tnames).lower()
-                    if len(consts) == 1 and (gamma_node is not None or "return" in tname or tname == "ret"):
-                        return (self.p.ev(consts[0], info), None, self.p.line(node))
+                tname = " ".join(tnames).lower()
+                if len(consts) == 1 and (gamma_node is not None or "return" in tname or tname == "ret"):
+                    return (self.p.ev(consts[0], info), None, self.p.line(node))
         return None
 
     def _gamma_in_delta(self, delta, info):
@@ -156,22 +155,20 @@ class AdvantagesMixin:
         return mean and std
 
     def has_value_loss(self):
-        for info in self.p.funcs.values():
-            for node in walk(info.node.body):
-                if isinstance(node, cst.Assign) and isinstance(node.targets[0].target, cst.Name):
-                    if VALUE_LOSS_RE.search(node.targets[0].target.value):
-                        return self.p.line(node)
+        for node, info in self.func_nodes(cst.Assign):
+            if isinstance(node, cst.Assign) and isinstance(node.targets[0].target, cst.Name):
+                if VALUE_LOSS_RE.search(node.targets[0].target.value):
+                    return self.p.line(node)
         return None
 
     def find_whitening(self):
-        for info in self.p.funcs.values():
-            for node in walk(info.node.body):
-                if isinstance(node, cst.Assign) and isinstance(node.targets[0].target, cst.Name):
-                    t = node.targets[0].target.value
-                    code = _code(node.value).replace(" ", "")
-                    if re.search(r"adv", t, re.I) and re.search(r"\.mean\(\)", code) and re.search(r"\.std\(\)", code):
-                        return self.p.line(node)
-                if isinstance(node, cst.Call) and (_last(node.func) or "") in ("whiten", "masked_whiten"):
+        for node, info in self.func_nodes(cst.Assign, cst.Call):
+            if isinstance(node, cst.Assign) and isinstance(node.targets[0].target, cst.Name):
+                t = node.targets[0].target.value
+                code = _code(node.value).replace(" ", "")
+                if re.search(r"adv", t, re.I) and re.search(r"\.mean\(\)", code) and re.search(r"\.std\(\)", code):
                     return self.p.line(node)
+            if isinstance(node, cst.Call) and (_last(node.func) or "") in ("whiten", "masked_whiten"):
+                return self.p.line(node)
         return None
 

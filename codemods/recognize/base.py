@@ -115,14 +115,10 @@ class RecognizerBase:
         self.a = Analysis()
         self.calls: list[tuple[cst.Call, Optional[FuncInfo]]] = []
         self.loops: list[cst.CSTNode] = []
-        main_ids = None
-        for module in prog.modules:
-            for node in walk(module):
-                if isinstance(node, cst.Call):
-                    self.calls.append((node, prog.func_of(node)))
-                elif isinstance(node, (cst.For, cst.While)) and main_ids is None:
-                    self.loops.append(node)  # training loops live in the script itself
-            main_ids = True
+        self.calls = list(prog.nodes_of(cst.Call))
+        own = prog._own_parents
+        # training loops live in the script itself, not in the local modules it imports
+        self.loops = [n for n, _ in prog.nodes_of(cst.For, cst.While) if n in own]
         self._reach: dict = {}
         self.framework_defaults: dict = {}  # key -> where the default comes from
         self.framework_records: list = []  # (name, Record) of framework config objects
@@ -140,6 +136,10 @@ class RecognizerBase:
         if d:
             qs = qs | {d}
         return qs
+
+    def func_nodes(self, *types) -> list:
+        """``(node, FuncInfo)`` for nodes of these types inside functions (script and local modules)."""
+        return [(n, f) for n, f in self.p.nodes_of(*types) if f is not None]
 
     def emit_default(self, key: str, value, source: str) -> None:
         """A value the script leaves to its framework's default (named in *source*, e.g. TRL's PPOConfig)."""

@@ -49,32 +49,31 @@ class ClipLossMixin:
 
     # ------------------------------------------------------------------ loss coefficients
     def extract_loss_coefs(self) -> None:
-        for info in self.p.funcs.values():
-            for node in walk(info.node.body):
-                if not isinstance(node, (cst.Assign, cst.AugAssign, cst.Return)):
+        for node, info in self.func_nodes(cst.Assign, cst.AugAssign, cst.Return):
+            if not isinstance(node, (cst.Assign, cst.AugAssign, cst.Return)):
+                continue
+            if isinstance(node, cst.Return):
+                if node.value is None or not LOSS_RE.search(info.name):
                     continue
-                if isinstance(node, cst.Return):
-                    if node.value is None or not LOSS_RE.search(info.name):
-                        continue
-                    tgt_code = info.name
-                else:
-                    tgt = node.targets[0].target if isinstance(node, cst.Assign) else node.target
-                    tgt_code = _code(tgt)
-                if not LOSS_RE.search(tgt_code) or VALUE_LOSS_RE.search(tgt_code):
-                    continue
-                for n in walk(node.value):
-                    if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Multiply):
-                        for c, other in ((n.left, n.right), (n.right, n.left)):
-                            oc = _code(other)
-                            if isinstance(c, (cst.BinaryOperation, cst.Call)):
-                                continue
-                            if VALUE_LOSS_RE.search(oc):
-                                self.emit("algorithm.vf_coef", self.p.ev(c, info), "the value-loss coefficient")
-                            elif ENTROPY_RE.search(oc) and not ENTROPY_RE.search(_code(c)):
-                                self.emit("algorithm.entropy_coef", self.p.ev(c, info), "the entropy coefficient")
-                            elif re.search(r"ptx|pretrain|lm_loss|sft_loss", oc, re.I):
-                                self.a.warn(f"pretraining (ptx) loss mixing at {self.loc(self.p.line(n))} is not "
-                                            "supported by MegatronTrainer; it is dropped")
+                tgt_code = info.name
+            else:
+                tgt = node.targets[0].target if isinstance(node, cst.Assign) else node.target
+                tgt_code = _code(tgt)
+            if not LOSS_RE.search(tgt_code) or VALUE_LOSS_RE.search(tgt_code):
+                continue
+            for n in walk(node.value):
+                if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Multiply):
+                    for c, other in ((n.left, n.right), (n.right, n.left)):
+                        oc = _code(other)
+                        if isinstance(c, (cst.BinaryOperation, cst.Call)):
+                            continue
+                        if VALUE_LOSS_RE.search(oc):
+                            self.emit("algorithm.vf_coef", self.p.ev(c, info), "the value-loss coefficient")
+                        elif ENTROPY_RE.search(oc) and not ENTROPY_RE.search(_code(c)):
+                            self.emit("algorithm.entropy_coef", self.p.ev(c, info), "the entropy coefficient")
+                        elif re.search(r"ptx|pretrain|lm_loss|sft_loss", oc, re.I):
+                            self.a.warn(f"pretraining (ptx) loss mixing at {self.loc(self.p.line(n))} is not "
+                                        "supported by MegatronTrainer; it is dropped")
 
 
     def extract_clip(self) -> None:

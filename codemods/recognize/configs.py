@@ -158,12 +158,11 @@ class ConfigSitesMixin:
             elif SCHEDULER_RE.search(last) or any(SCHEDULER_RE.search(q) for q in qs):
                 a.warn(f"custom learning-rate schedule {last}() at {self.loc(self.p.line(call))} is not supported; "
                        "MegatronTrainer uses a constant LR (with optim.actor.warmup_steps)")
-        for node in walk(self.p.module):
-            if isinstance(node, cst.Assign):
-                tgt = _code(node.targets[0].target).replace(" ", "")
-                if "param_groups" in tgt and ('["lr"]' in tgt or "['lr']" in tgt):
-                    a.warn(f"custom learning-rate anneal at {self.loc(self.p.line(node))} (param_groups lr assignment) "
-                           "is not supported; MegatronTrainer uses a constant LR")
+        for node, _scope in self.p.nodes_of(cst.Assign):
+            tgt = _code(node.targets[0].target).replace(" ", "")
+            if "param_groups" in tgt and ('["lr"]' in tgt or "['lr']" in tgt):
+                a.warn(f"custom learning-rate anneal at {self.loc(self.p.line(node))} (param_groups lr assignment) "
+                       "is not supported; MegatronTrainer uses a constant LR")
         if not found_actor and not trl:
             a.warn("no optimizer construction was found; optim.actor.lr is left out")
 
@@ -285,8 +284,7 @@ class ConfigSitesMixin:
 
     def unsupported(self) -> None:
         a = self.a
-        code = self.p.module
-        for node in walk(code):
+        for node, _scope in self.p.nodes_of(cst.Call, cst.Assign):
             if isinstance(node, cst.Call):
                 last = _last(node.func) or ""
                 qs = self.qn(node.func)

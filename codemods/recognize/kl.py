@@ -76,36 +76,35 @@ class KLMixin:
     def _inline_kl(self) -> bool:
         """``rewards = scores - coef * (logp - ref_logp)``: a KL term written inline in a reward or loss."""
         a = self.a
-        for info in self.p.funcs.values():
-            for node in walk(info.node.body):
-                if not isinstance(node, (cst.Assign, cst.AugAssign)):
+        for node, info in self.func_nodes(cst.Assign, cst.AugAssign):
+            if not isinstance(node, (cst.Assign, cst.AugAssign)):
+                continue
+            tgt = _code(node.targets[0].target if isinstance(node, cst.Assign) else node.target)
+            placement = "reward" if re.search(r"reward|score", tgt, re.I) else ("loss" if LOSS_RE.search(tgt) else None)
+            if placement is None:
+                continue
+            for n in walk(node.value):
+                if not (isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Multiply)):
                     continue
-                tgt = _code(node.targets[0].target if isinstance(node, cst.Assign) else node.target)
-                placement = "reward" if re.search(r"reward|score", tgt, re.I) else ("loss" if LOSS_RE.search(tgt) else None)
-                if placement is None:
-                    continue
-                for n in walk(node.value):
-                    if not (isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Multiply)):
+                for c, other in ((n.left, n.right), (n.right, n.left)):
+                    if not (isinstance(other, cst.BinaryOperation) and isinstance(other.operator, cst.Subtract)):
                         continue
-                    for c, other in ((n.left, n.right), (n.right, n.left)):
-                        if not (isinstance(other, cst.BinaryOperation) and isinstance(other.operator, cst.Subtract)):
-                            continue
-                        if not re.search(r"log|lp", _code(other.left), re.I) or not re.search(r"log|lp", _code(other.right), re.I):
-                            continue
-                        ref_side = self.kl_reference(other, info)
-                        if ref_side == "old":
-                            a.refuse(f"the KL term at {self.loc(self.p.line(other))} is measured against the old policy "
-                                     "(the same model before the update), not against a frozen reference model; "
-                                     "MegatronTrainer's KL penalty means something different")
-                            return True
-                        if ref_side != "ref":
-                            a.refuse(f"cannot tell what the KL term at {self.loc(self.p.line(other))} is measured against "
-                                     "(a frozen reference model or the old policy)")
-                            return True
-                        self.emit("algorithm.kl.placement", Known(placement, self.p.line(node)))
-                        self.emit("algorithm.kl.coef", self.kl_coef_value(c, info), "the KL coefficient")
-                        self.emit("algorithm.kl.estimator", Known("k1", self.p.line(other)))
+                    if not re.search(r"log|lp", _code(other.left), re.I) or not re.search(r"log|lp", _code(other.right), re.I):
+                        continue
+                    ref_side = self.kl_reference(other, info)
+                    if ref_side == "old":
+                        a.refuse(f"the KL term at {self.loc(self.p.line(other))} is measured against the old policy "
+                                 "(the same model before the update), not against a frozen reference model; "
+                                 "MegatronTrainer's KL penalty means something different")
                         return True
+                    if ref_side != "ref":
+                        a.refuse(f"cannot tell what the KL term at {self.loc(self.p.line(other))} is measured against "
+                                 "(a frozen reference model or the old policy)")
+                        return True
+                    self.emit("algorithm.kl.placement", Known(placement, self.p.line(node)))
+                    self.emit("algorithm.kl.coef", self.kl_coef_value(c, info), "the KL coefficient")
+                    self.emit("algorithm.kl.estimator", Known("k1", self.p.line(other)))
+                    return True
         return False
 
     def _flows_into_rewards(self, name, scope) -> bool:

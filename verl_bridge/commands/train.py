@@ -30,8 +30,20 @@ def resolve_world(config_file: str, overrides, nproc: int | None, nnodes: int) -
         try:
             nproc = load_config(config_file, list(overrides), world_size=1, check_paths=False).trainer.nproc_per_node
         except ConfigError:
-            nproc = 1
+            nproc = _raw_nproc(config_file, overrides)
     return nproc, nproc * nnodes
+
+
+def _raw_nproc(config_file: str, overrides) -> int:
+    """``trainer.nproc_per_node`` as written, when validating at world size 1 fails (e.g. tp_size=2)."""
+    from verl_bridge.config import ConfigError
+    from verl_bridge.config.loader import apply_overrides, read_yaml
+
+    try:
+        value = apply_overrides(read_yaml(config_file), list(overrides)).get("trainer", {}).get("nproc_per_node", 1)
+    except (ConfigError, AttributeError):
+        return 1
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
 @click.command(context_settings={"ignore_unknown_options": False})

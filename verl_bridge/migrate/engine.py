@@ -12,6 +12,7 @@ import math
 import os
 import re
 import stat
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -71,6 +72,18 @@ def _syntax_error(source: bytes, name: str) -> Optional[str]:
 
 def migrate_source(source: bytes, path: str, config_rel: Optional[str] = None,
                    source_dir: Optional[str] = None, config_dir: Optional[str] = None) -> FileResult:
+    """Analyse and rewrite *source*; see :func:`_migrate_source`. Deep expressions (a generated
+    file with a 3,000-term sum) need more than Python's default 1,000 frames for libcst's codegen."""
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 30_000))
+    try:
+        return _migrate_source(source, path, config_rel, source_dir, config_dir)
+    finally:
+        sys.setrecursionlimit(old)
+
+
+def _migrate_source(source: bytes, path: str, config_rel: Optional[str] = None,
+                    source_dir: Optional[str] = None, config_dir: Optional[str] = None) -> FileResult:
     """Analyse and rewrite *source* (the bytes of *path*) without touching the disk.
 
     *source_dir* is where local modules the script imports are looked up (default: the folder of
@@ -97,9 +110,10 @@ def migrate_source(source: bytes, path: str, config_rel: Optional[str] = None,
         return result
     if source_dir is None:
         source_dir = os.path.dirname(os.path.abspath(path))
-    cmd = MigratePPOLoopCommand(CodemodContext(filename=path), config_path=config_rel, source_dir=source_dir)
+    cmd = MigratePPOLoopCommand(CodemodContext(filename=path), config_path=config_rel, source_dir=source_dir,
+                                source=source)
     try:
-        new_tree = cmd.transform_module(tree)
+        new_tree = cmd.migrate(tree)
     except SkipFile:
         pass
     except RecursionError:
@@ -135,9 +149,8 @@ def migrate_source(source: bytes, path: str, config_rel: Optional[str] = None,
         return result
     new_source = new_tree.bytes
     try:
-        cst.parse_module(new_source)
         compile(new_source, path, "exec", dont_inherit=True)
-    except (cst.ParserSyntaxError, SyntaxError) as exc:
+    except (SyntaxError, ValueError) as exc:
         result.status = "error"
         result.reasons.append(f"internal error: the rewritten {name} does not parse ({exc})")
         return result
