@@ -61,6 +61,7 @@ class FuncInfo:
     parent: Optional["FuncInfo"]
     params: dict = field(default_factory=dict)  # name -> (index, cst.Param)
     assigns: dict = field(default_factory=dict)  # name -> list[expr node | None]  (None = not simple)
+    module_globals: Optional[dict] = None  # the module-level assignments of the file it is defined in
 
 
 RUNTIME_CALLS = {
@@ -143,6 +144,11 @@ def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
             children = kids(cur)
         if children:
             stack.extend(reversed(children))
+
+
+# node types _index_node records something for; everything else is only descended into
+_INDEXED = {cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.Assign, cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor,
+            cst.AsName, cst.NamedExpr, cst.Import, cst.ImportFrom}
 
 
 class Line(int):
@@ -287,6 +293,7 @@ class Program:
         from collections import ChainMap
 
         self.local_modules[root] = sub
+        self.unpacks.update(sub.unpacks)
         for name, prog in sub.local_modules.items():
             self.local_modules.setdefault(name, prog)
         self.parents = ChainMap(self.parents, sub._own_parents) if not isinstance(self.parents, ChainMap) else \
@@ -332,6 +339,12 @@ class Program:
         yield stmt
 
     def _index_node(self, node, cls, parent, assigns):
+        t = type(node)
+        if t not in _INDEXED:
+            # nothing to record here: descend (most nodes of a large file take only this branch)
+            for child in _CHILDREN.get(node) or kids(node):
+                self._index_node(child, cls, parent, assigns)
+            return
         if isinstance(node, cst.FunctionDef):
             if parent is not None:
                 qual = f"{parent.qual}.<locals>.{node.name.value}"
@@ -339,7 +352,8 @@ class Program:
                 qual = f"{cls}.{node.name.value}"
             else:
                 qual = node.name.value
-            info = FuncInfo(node=node, qual=qual, name=node.name.value, cls=cls if parent is None else None, parent=parent)
+            info = FuncInfo(node=node, qual=qual, name=node.name.value, cls=cls if parent is None else None, parent=parent,
+                            module_globals=self.module_assigns)
             params = list(node.params.posonly_params) + list(node.params.params)
             for i, p in enumerate(params):
                 info.params[p.name.value] = (i, p)
@@ -440,10 +454,11 @@ class Program:
         return self._all_nodes
 
     def nodes_of(self, *types) -> list:
-        """``(node, enclosing FuncInfo)`` for every node of these types, in source order (cached)."""
+        """``(node, enclosing FuncInfo)`` for every node of these (concrete) types, in source order."""
         cache = self.__dict__.setdefault("_by_type", {})
         if types not in cache:
-            cache[types] = [(n, self.func_of(n)) for n in self.all_nodes() if isinstance(n, types)]
+            wanted = set(types)
+            cache[types] = [(n, self.func_of(n)) for n in self.all_nodes() if type(n) in wanted]
         return cache[types]
 
     # ------------------------------------------------------------------ scopes
@@ -562,13 +577,14 @@ class Program:
         return None
 
     def assignments_of(self, name: str, scope: Optional[FuncInfo]) -> list:
+        globs = self.globals_of(scope)
         while scope is not None:
             if name in scope.assigns:
                 return list(scope.assigns[name])
             if name in scope.params:
                 return []
             scope = scope.parent
-        return list(self.module_assigns.get(name, []))
+        return list(globs.get(name, []))
 
     def self_assignments(self, cls: str, attr: str) -> list:
         out = []
@@ -725,9 +741,18 @@ class Program:
             if name in cur.params:
                 return self.ev_param(cur, name)
             cur = cur.parent
-        if name in self.module_assigns:
-            return self._combine_or_unpack(self.module_assigns, name, None)
+        globs = self.globals_of(scope)
+        if name in globs:
+            return self._combine_or_unpack(globs, name, None)
         return None
+
+    def globals_of(self, scope: Optional[FuncInfo]) -> dict:
+        """Module-level names visible from *scope*: its own file's (a local module's function sees its module)."""
+        while scope is not None and scope.parent is not None:
+            scope = scope.parent
+        if scope is not None and scope.module_globals is not None:
+            return scope.module_globals
+        return self.module_assigns
 
     def _combine_or_unpack(self, assigns: dict, name: str, scope) -> Ev:
         exprs = assigns[name]

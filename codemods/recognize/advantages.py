@@ -131,7 +131,7 @@ class AdvantagesMixin:
             names = {_code(call)}
             if isinstance(parent, cst.Assign):
                 names |= {_code(t.target) for t in parent.targets}
-            if scope is None or not self._normalised_per_row(scope.node, names):
+            if not self._normalised_per_row(scope.node if scope is not None else self.p.module, names):
                 continue
             recv = call.func.value
             if isinstance(recv, cst.Name):

@@ -70,8 +70,17 @@ class KLMixin:
         if not penalty_found:
             penalty_found = self._inline_kl()
         if not penalty_found and not a.reasons:
-            self.emit("algorithm.kl.coef", Known(0.0, self.p.line(self.main_loop)))
-            a.warn("no KL penalty against a reference model was found; algorithm.kl.coef is set to 0.0")
+            frozen = sorted(m for m, role in self.models().items() if role == "ref" and self._used_in_loop(m))
+            if frozen:
+                # a reference model exists, so the loop most likely penalises KL against it: 0.0 could be wrong
+                a.refuse(f"{self.loc(self.p.line(self.main_loop))}: a frozen reference model ({', '.join(frozen)}) "
+                         "is built but no KL term against it could be mapped; write the penalty as "
+                         "`coef * (logp - ref_logp)` added to the loss or subtracted from the rewards (or remove "
+                         "the reference model if the loop has no KL penalty)")
+            else:
+                self.emit("algorithm.kl.coef", Known(0.0, self.p.line(self.main_loop)))
+                a.warn("no KL penalty against a reference model was found (no frozen reference model either); "
+                       "algorithm.kl.coef is set to 0.0")
 
     def _inline_kl(self) -> bool:
         """``rewards = scores - coef * (logp - ref_logp)``: a KL term written inline in a reward or loss."""
@@ -150,7 +159,7 @@ class KLMixin:
                 if coef is _MISSING:
                     continue
                 names = " ".join(_names_in(value)) + " " + tgt_code
-                if re.search(r"reward|score|return", tgt_code, re.I) or (
+                if tgt_code in self.reward_tensor_names() or re.search(r"reward|score|return", tgt_code, re.I) or (
                         re.search(r"reward|score", names, re.I) and not LOSS_RE.search(tgt_code)):
                     out.append(("reward", node, coef))
                 elif LOSS_RE.search(tgt_code) or LOSS_RE.search(names):
@@ -158,11 +167,60 @@ class KLMixin:
             elif isinstance(node, cst.Return) and node.value is not None and scope is not None:
                 coef = self._coef_of(node.value, name)
                 if coef is not _MISSING and coef is not None:
-                    if LOSS_RE.search(scope.name):
-                        out.append(("loss", node, coef))
-                    elif re.search(r"reward", scope.name, re.I):
-                        out.append(("reward", node, coef))
+                    role = self.result_role(scope)
+                    if role is not None:
+                        out.append((role, node, coef))
         return out
+
+    def _used_in_loop(self, model: str) -> bool:
+        """Does the training loop (or what it calls) run *model*: pass it to a call or call it?"""
+        region = [self.main_loop] + [f.node for f in self.callees_closure(self.main_loop)]
+        for r in region:
+            for n in walk(r):
+                if isinstance(n, cst.Call):
+                    if _code(n.func).split(".")[0].split("[")[0] == model:
+                        return True
+                    if any(_code(a.value).split("[")[0] == model for a in n.args):
+                        return True
+        return False
+
+    def result_role(self, info) -> Optional[str]:
+        """'loss' | 'reward' | None: what the value a function returns becomes at its call sites
+        (``loss = penalised(...)`` then ``loss.backward()``), or what its name says."""
+        for call, caller, _off in self.p.calls_by_callee().get(info.qual, []):
+            parent = self.p.parents.get(call)
+            if isinstance(parent, cst.Assign):
+                tgt = _code(parent.targets[0].target)
+                if tgt in self.reward_tensor_names():
+                    return "reward"
+                if LOSS_RE.search(tgt) or self._backward_on(tgt, caller):
+                    return "loss"
+            if isinstance(parent, cst.Attribute) and parent.attr.value == "backward":
+                return "loss"
+        if LOSS_RE.search(info.name):
+            return "loss"
+        if re.search(r"reward", info.name, re.I):
+            return "reward"
+        return None
+
+    def _backward_on(self, name: str, scope) -> bool:
+        body = scope.node if scope is not None else self.p.module
+        for n in walk(body):
+            if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "backward":
+                if _code(n.func.value) == name or (n.args and _code(n.args[0].value) == name):
+                    return True
+        return False
+
+    def reward_tensor_names(self) -> set:
+        """Names of the tensor whose groups are normalised into advantages (GRPO): the rewards."""
+        if not hasattr(self, "_reward_names"):
+            self._reward_names = set()
+            group = self.find_group_norm()
+            if group is not None:
+                for call, _scope in self.calls:
+                    if self.p.line(call) == group[1] and isinstance(call.func, cst.Attribute):
+                        self._reward_names.add(_code(call.func.value))
+        return self._reward_names
 
     def _coef_of(self, value, name):
         """Factor multiplying Name(name) inside a sum in *value*; None if used bare; _MISSING if absent."""
