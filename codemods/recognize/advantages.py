@@ -35,11 +35,14 @@ class AdvantagesMixin:
                 else:
                     self.emit("algorithm.lam", Known(1.0, gae[2]))
             if group is not None:
-                a.refuse("the loop both group-normalises rewards and trains a critic; cannot map it to one "
-                         "advantage estimator with certainty")
+                a.refuse(f"{self.loc(group[1])}: the loop both group-normalises rewards and trains a critic "
+                         f"({self.loc(gae[2] if gae else value_loss)}); cannot map it to one advantage estimator "
+                         "with certainty; keep either the critic (PPO/GAE) or the group normalisation (GRPO)")
         else:
-            a.refuse("cannot tell how advantages are computed (no GAE recursion with a critic and no "
-                     "group-normalised rewards were found)")
+            a.refuse(f"{self.loc(self.p.line(self.main_loop))}: cannot tell how advantages are computed (no GAE "
+                     "recursion with a critic and no group-normalised rewards were found); compute them in the "
+                     "script as `last = delta + gamma * lam * last` (PPO) or as rewards.view(-1, G) normalised by "
+                     "their mean(dim=1) and std(dim=1) (GRPO)")
         # whitening of advantages over the batch (PPO)
         if self.a.config.get("algorithm.name") == "ppo":
             w = self.find_whitening()

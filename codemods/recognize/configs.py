@@ -259,9 +259,10 @@ class ConfigSitesMixin:
                     a.warn(f"model.actor.args.model_name_or_path={path[0]!r} looks like a Hub id; MegatronTrainer "
                            "expects a local Hugging Face directory, download it first")
             else:
-                a.refuse("no model_provider() function and no model path were found: the model is built inline; "
-                         "move its construction into a top-level model_provider(pre_process=True, "
-                         "post_process=True) and run migrate again")
+                a.refuse(f"{self.loc(self.p.line(self.main_loop))}: no model_provider() function and no static "
+                         "model path (from_pretrained('<local dir>')) were found: the model is built inline; move "
+                         "its construction into a top-level model_provider(pre_process=True, post_process=True) "
+                         "and run migrate again")
         a.config.pop("_model_name", None)
         for hook in ("initialize_megatron", "load_checkpoint"):
             if hook in defs:

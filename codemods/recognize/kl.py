@@ -50,13 +50,15 @@ class KLMixin:
             kind, node, coef = penalty[0]
             ref_side = self.kl_reference(expr, scope)
             if ref_side == "old":
-                a.refuse(f"the KL term at {self.loc(self.p.line(expr))} is measured against the old policy "
+                a.refuse(f"{self.loc(self.p.line(expr))}: the KL term is measured against the old policy "
                          "(the same model before the update), not against a frozen reference model; "
-                         "MegatronTrainer's KL penalty means something different")
+                         "MegatronTrainer's KL penalty means something different: compute it against a frozen "
+                         "copy of the initial model (ref.requires_grad_(False)) or remove it")
                 return
             if ref_side != "ref":
-                a.refuse(f"cannot tell what the KL term at {self.loc(self.p.line(expr))} is measured against "
-                         "(a frozen reference model or the old policy)")
+                a.refuse(f"{self.loc(self.p.line(expr))}: cannot tell what the KL term is measured against "
+                         "(a frozen reference model or the old policy); compute the reference log-probs from a "
+                         "model frozen with requires_grad_(False) in this file")
                 return
             self.emit("algorithm.kl.placement", Known(kind, self.p.line(node)))
             if coef is not None:
@@ -102,13 +104,15 @@ class KLMixin:
                         continue
                     ref_side = self.kl_reference(other, info)
                     if ref_side == "old":
-                        a.refuse(f"the KL term at {self.loc(self.p.line(other))} is measured against the old policy "
+                        a.refuse(f"{self.loc(self.p.line(other))}: the KL term is measured against the old policy "
                                  "(the same model before the update), not against a frozen reference model; "
-                                 "MegatronTrainer's KL penalty means something different")
+                                 "MegatronTrainer's KL penalty means something different: compute it against a frozen "
+                                 "copy of the initial model (ref.requires_grad_(False)) or remove it")
                         return True
                     if ref_side != "ref":
-                        a.refuse(f"cannot tell what the KL term at {self.loc(self.p.line(other))} is measured against "
-                                 "(a frozen reference model or the old policy)")
+                        a.refuse(f"{self.loc(self.p.line(other))}: cannot tell what the KL term is measured against "
+                                 "(a frozen reference model or the old policy); compute the reference log-probs from a "
+                                 "model frozen with requires_grad_(False) in this file")
                         return True
                     self.emit("algorithm.kl.placement", Known(placement, self.p.line(node)))
                     self.emit("algorithm.kl.coef", self.kl_coef_value(c, info), "the KL coefficient")
