@@ -204,6 +204,7 @@ class Program:
         self.imports: dict[str, str] = {}  # local name -> qualified
         self.import_lines: dict[str, int] = {}  # local name -> line of its import
         self.unpacks: dict = {}  # (id(assigns), name) -> (call, index): ``a, b = parser.parse_...()``
+        self.item_sets: dict = {}  # (id(assigns), name) -> {key: (value, scope)}: ``cfg["k"] = v``
         self._index(self.module.body, None, None, self.module_assigns)
         self._calls_by_callee: Optional[dict[str, list]] = None
         self._args_record: Optional[Record] = None
@@ -294,6 +295,7 @@ class Program:
 
         self.local_modules[root] = sub
         self.unpacks.update(sub.unpacks)
+        self.item_sets.update(sub.item_sets)
         for name, prog in sub.local_modules.items():
             self.local_modules.setdefault(name, prog)
         self.parents = ChainMap(self.parents, sub._own_parents) if not isinstance(self.parents, ChainMap) else \
@@ -382,6 +384,17 @@ class Program:
                     for n in walk(t.target):
                         if isinstance(n, cst.Name) and not self._is_attr_part(t.target, n):
                             self._record_assign(assigns, n.value, None)
+                    tgt = t.target
+                    if (isinstance(tgt, cst.Subscript) and isinstance(tgt.value, cst.Name) and len(tgt.slice) == 1
+                            and isinstance(tgt.slice[0].slice, cst.Index)
+                            and isinstance(tgt.slice[0].slice.value, cst.SimpleString)):
+                        try:
+                            key = literal_value(tgt.slice[0].slice.value)
+                        except ValueError:
+                            key = None
+                        if isinstance(key, str):
+                            owner = self._binding_assigns(tgt.value.value, parent, assigns)
+                            self.item_sets.setdefault((id(owner), tgt.value.value), {})[key] = (node.value, parent)
                     if isinstance(t.target, (cst.Tuple, cst.List)) and isinstance(node.value, cst.Call):
                         for i, el in enumerate(t.target.elements):
                             if isinstance(el.value, cst.Name):
@@ -407,6 +420,16 @@ class Program:
             self._index_import(node, top=parent is None and cls is None)
         for child in _CHILDREN.get(node) or kids(node):
             self._index_node(child, cls, parent, assigns)
+
+    def _binding_assigns(self, name: str, scope: Optional[FuncInfo], assigns: dict) -> dict:
+        """The assignment table that binds *name* as seen from *scope* (its function, an enclosing one,
+        or the module)."""
+        cur = scope
+        while cur is not None:
+            if name in cur.assigns:
+                return cur.assigns
+            cur = cur.parent
+        return self.module_assigns if name in self.module_assigns or scope is None else assigns
 
     @staticmethod
     def _is_attr_part(target, n) -> bool:
@@ -759,7 +782,12 @@ class Program:
         if exprs == [None] and (id(assigns), name) in self.unpacks:
             call, index = self.unpacks[(id(assigns), name)]
             return self.ev_unpack(call, index, scope)
-        return self._combine(exprs, scope)
+        ev = self._combine(exprs, scope)
+        sets = self.item_sets.get((id(assigns), name))
+        if sets and isinstance(ev, Known) and isinstance(ev.value, Record) and ev.value.kind == "dict":
+            # ``gen_kwargs["max_new_tokens"] = 32`` after the dict literal: the later value wins
+            ev = Known(Record("dict", {**ev.value.fields, **sets}, ev.value.line), ev.line)
+        return ev
 
     def ev_unpack(self, call: cst.Call, index: int, scope) -> Ev:
         """``args, ppo_config = HfArgumentParser((ScriptArgs, PPOConfig)).parse_args_into_dataclasses()``:

@@ -140,6 +140,61 @@ class AdvantagesMixin:
             if isinstance(recv, cst.Name):
                 self.reward_exprs = [(e, scope) for e in self.p.assignments_of(recv.value, scope) if e is not None]
             return (self.p.ev(args[1], scope), self.p.line(call))
+        return self.find_prompt_groups()
+
+    def find_prompt_groups(self):
+        """(group size Ev, line) for rewards normalised per prompt: inside a loop over the prompts of a
+        step, one prompt's G responses (``.repeat(G, 1)`` / ``num_return_sequences=G``) are generated and
+        their rewards normalised by their own ``mean()`` and ``std()`` (tiny-GRPO style)."""
+        for node, scope in self.p.nodes_of(cst.BinaryOperation):
+            if not isinstance(node.operator, cst.Divide) or not _is_centered(node):
+                continue
+            sites = [(node, scope)]
+            if scope is not None and _returns(scope, node):
+                sites = [(c, caller) for c, caller, _ in self.p.calls_by_callee().get(scope.qual, [])]
+            for site, site_scope in sites:
+                inner = self._inner_prompt_loop(site, site_scope)
+                if inner is None:
+                    continue
+                g = self._group_in(inner)
+                if g is not None:
+                    ev = self.p.ev(g[0], g[1])
+                    n = f"{_code(g[0])} = {ev.value}" if isinstance(ev, Known) else _code(g[0])
+                    self.a.warn(f"{self.loc(self.p.line(inner))}: each prompt's responses ({n}) are generated and "
+                                "their rewards normalised together in this loop over prompts: that is GRPO's group "
+                                "normalisation, algorithm.group_size is that number")
+                    return (ev, self.p.line(site))
+        return None
+
+    def _inner_prompt_loop(self, node, scope):
+        """The loop inside the training loop (or a function it calls) that holds *node* and generates."""
+        for anc in self.p.ancestors(node):
+            if isinstance(anc, cst.For) and anc is not self.main_loop and "gen" in self.reach(anc):
+                if any(a is self.main_loop for a in self.p.ancestors(anc)) or \
+                        self._reached_from_loop(self.p.func_of(anc)):
+                    return anc
+            if isinstance(anc, cst.FunctionDef):
+                return None
+        return None
+
+    def _group_in(self, loop):
+        """(G node, scope) from ``x.repeat(G, 1)``, ``repeat_interleave(G)`` or ``num_return_sequences=G``
+        in the loop or the functions it calls (a parameter is bound through the call site)."""
+        region = [(loop, self.p.func_of(loop))] + [(f.node, f) for f in self.callees_closure(loop)]
+        for r, sc in region:
+            for n in walk(r):
+                if not isinstance(n, cst.Call) or not isinstance(n.func, cst.Attribute):
+                    continue
+                last = n.func.attr.value
+                g = None
+                if last == "repeat" and len(n.args) == 2 and _code(n.args[1].value) == "1":
+                    g = n.args[0].value
+                elif last == "repeat_interleave" and n.args:
+                    g = n.args[0].value
+                elif "gen" in self.call_tags(n):
+                    g = _kwarg(n, "num_return_sequences")
+                if g is not None:
+                    return (g, self.p.func_of(n))
         return None
 
     @staticmethod
@@ -175,3 +230,23 @@ class AdvantagesMixin:
                 return self.p.line(node)
         return None
 
+
+def _is_centered(div) -> bool:
+    """``(x - x.mean()) / (x.std() + eps)`` or ``/ x.std()``: whole-tensor normalisation."""
+    left = div.left
+    if not (isinstance(left, cst.BinaryOperation) and isinstance(left.operator, cst.Subtract)):
+        return False
+    mean = left.right
+    if not (isinstance(mean, cst.Call) and isinstance(mean.func, cst.Attribute) and mean.func.attr.value == "mean"
+            and not mean.args and _code(mean.func.value) == _code(left.left)):
+        return False
+    x = _code(left.left)
+    return any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "std"
+               and not n.args and _code(n.func.value) == x for n in walk(div.right))
+
+
+def _returns(info, node) -> bool:
+    for r in walk(info.node.body):
+        if isinstance(r, cst.Return) and r.value is not None and any(n is node for n in walk(r.value)):
+            return True
+    return False

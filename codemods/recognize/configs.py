@@ -47,7 +47,9 @@ class ConfigSitesMixin:
                  "response_length": "data.max_response_length", "max_gen_len": "data.max_response_length"}
         kws = self.call_kwargs(call, scope)
         for kw, key in names.items():
-            if kw in kws:
+            if kw in kws and key == "data.max_response_length" and self._sampler_call(kws[kw]):
+                self.length_sampler(self._sampler_call(kws[kw]), call)
+            elif kw in kws:
                 self.emit(key, self.kw_ev(kws, kw), kw)
             elif info is not None and kw in info.params:
                 self.emit(key, self.p.ev_param(info, kw), kw)
@@ -59,9 +61,24 @@ class ConfigSitesMixin:
         sampler = kws.get("length_sampler")
         if sampler is not None and "data.max_response_length" not in self.a.config:
             self.length_sampler(sampler, call)
-        if "max_length" in kws and "max_new_tokens" not in kws:
+        if "max_length" in kws and "max_new_tokens" not in kws and info is None:
             self.a.warn(f"{self.loc(self.p.line(call))}: max_length counts prompt and response together; "
                         "data.max_response_length is left out")
+
+    def _sampler_call(self, value):
+        """``gen_kwargs["max_new_tokens"] = output_length_sampler()``: (the sampler, its scope) or None."""
+        if not isinstance(value, tuple):
+            return None
+        node, sc = value
+        if isinstance(node, cst.Name):
+            exprs = [e for e in self.p.assignments_of(node.value, sc) if e is not None]
+            if len(exprs) == 1:
+                node = exprs[0]
+        if isinstance(node, cst.Call) and not node.args and isinstance(node.func, cst.Name):
+            for e in self.p.assignments_of(node.func.value, sc):
+                if isinstance(e, cst.Call) and (_last(e.func) or "") == "LengthSampler":
+                    return (node.func, sc)
+        return None
 
     def length_sampler(self, sampler, call) -> None:
         """TRL ``LengthSampler(min, max)`` draws from ``range(min, max)`` (trl/core.py): the longest response

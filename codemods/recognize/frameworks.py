@@ -278,6 +278,12 @@ class FrameworksMixin:
             last = _last(call.func)
             if last == "generate" or (last or "").endswith("generate"):
                 self.rollout_kwargs(call, scope)
+            elif last == "step" and "trl_step" in self.call_tags(call):
+                # ppo_trainer.step(queries, responses, scores): the scores come from the reward function
+                scores = _call_arg(call, 2, "scores")
+                if isinstance(scores, cst.Name):
+                    self.reward_exprs = [(e, scope) for e in self.p.assignments_of(scores.value, scope)
+                                         if e is not None]
         loop = self.main_loop
         inner = any(isinstance(n, (cst.For, cst.While)) and "trl_step" in self.reach(n)
                     for n in walk(loop.body) if n is not loop)

@@ -146,6 +146,19 @@ EXPECT = {
         "algorithm.clip_ratio": 0.2, "trainer.total_steps": 1000, "trainer.save_every": 200,
         "data.max_response_length": 384},
         {"algorithm.kl.coef": 7}, [], [], {"unmapped": ["Q_batch_size=4"]}),
+    # TRL example generating per query; the length sampler is called per query into generation_kwargs
+    "trl_per_query_sampler": ("migrated", {
+        "data.max_response_length": 32, "algorithm.kl.coef": 0.1, "algorithm.kl.horizon": 5000,
+        "algorithm.kl.target": 6, "algorithm.mini_batch_size": 8, "data.rollout_batch_size": 32,
+        "model.reward.args.path": "trl_per_query_sampler:positivity"},
+        {"data.max_response_length": 20, "algorithm.kl.horizon": 14}, [], ["LengthSampler(8, 33)"],
+        {"defaults": {"algorithm.kl.target": "target=6", "algorithm.ppo_epochs": "ppo_epochs=4"}}),
+    # tiny-GRPO style: per-prompt rollouts normalised on their own inside the loop over prompts
+    "per_prompt_grpo": ("migrated", {
+        "algorithm.name": "grpo", "algorithm.group_size": 12, "algorithm.kl.coef": 0.01,
+        "algorithm.kl.estimator": "k3", "algorithm.clip_ratio": 0.2, "optim.actor.lr": 5e-6,
+        "data.max_response_length": 1024, "model.reward.args.path": "per_prompt_grpo:answer_reward"},
+        {"algorithm.group_size": 35, "data.max_response_length": 47}, [], ["num_rollouts = 12"]),
     # framework entry points are refused and named; no substring guessing on function names
     "trlx_entry": ("refused", {}, {}, ["trlx.train()", "trlx_entry.py:14"], []),
     "openrlhf_ray_entry": ("refused", {}, {}, ["OpenRLHF", "PPORayActorGroup.fit()"], []),
