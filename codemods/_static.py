@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Union
 
@@ -146,6 +147,22 @@ def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
             stack.extend(reversed(children))
 
 
+# big third-party packages: never looked up as project modules
+THIRD_PARTY = {"torch", "transformers", "trl", "trlx", "numpy", "datasets", "accelerate", "deepspeed", "megatron",
+               "peft", "vllm", "ray", "openrlhf", "nemo", "nemo_aligner", "verl", "tqdm", "wandb", "gym",
+               "gymnasium", "libcst", "yaml", "scipy", "pandas", "sklearn", "tensorboard", "apex", "flash_attn"}
+
+
+def _find_module(roots: list, parts: list, exclude: str) -> Optional[str]:
+    import os
+
+    for root in roots:
+        for cand in (os.path.join(root, *parts) + ".py", os.path.join(root, *parts, "__init__.py")):
+            if os.path.isfile(cand) and os.path.abspath(cand) != exclude:
+                return cand
+    return None
+
+
 # node types _index_node records something for; everything else is only descended into
 _INDEXED = {cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.Assign, cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor,
             cst.AsName, cst.NamedExpr, cst.Import, cst.ImportFrom}
@@ -267,46 +284,68 @@ class Program:
 
     # ------------------------------------------------------------------ local modules
     def _load_local_modules(self, source_dir: str, depth: int) -> None:
-        """Read (never execute) modules of the same folder that the script imports: ``from loss import
-        GRPOLoss``, ``import rl_utils``. Their functions and classes join this program's indexes."""
+        """Read (never execute) modules of the project that the script imports: ``from loss import
+        GRPOLoss``, ``import rl_utils``, ``from dschat.rlhf.ppo_trainer import Trainer`` (found in the
+        script's folder or up to two folders above it, as ``sys.path.append('..')`` scripts do).
+        Their functions and classes join this program's indexes."""
         import os
 
-        wanted: dict[str, list] = {}
+        here = os.path.abspath(os.path.join(source_dir, self.filename))
+        roots = [os.path.abspath(source_dir)]
+        for _ in range(2):
+            up = os.path.dirname(roots[-1])
+            if up == roots[-1]:
+                break
+            roots.append(up)
+        wanted: dict = {}
         for local, qual in self.imports.items():
-            q = qual.lstrip(".")
-            root = q.split(".")[0]
-            wanted.setdefault(root, []).append((local, q))
-        for root, names in sorted(wanted.items()):
-            for cand in (os.path.join(source_dir, root + ".py"), os.path.join(source_dir, root, "__init__.py")):
-                if os.path.isfile(cand) and os.path.abspath(cand) != os.path.abspath(os.path.join(source_dir, self.filename)):
-                    try:
-                        with open(cand, "rb") as fh:
-                            sub_src = fh.read()
-                        sub_tree = cst.parse_module(sub_src)
-                    except (OSError, cst.ParserSyntaxError, UnicodeDecodeError):
-                        break
-                    rel = os.path.relpath(cand, source_dir).replace(os.sep, "/")
-                    sub = Program(sub_tree, rel, source_dir=source_dir, _depth=depth + 1, source=sub_src)
-                    self._merge(root, sub, names)
+            parts = qual.lstrip(".").split(".")
+            if parts[0] in sys.stdlib_module_names or parts[0] in THIRD_PARTY:
+                continue
+            for n in range(len(parts), 0, -1):
+                path = _find_module(roots, parts[:n], here)
+                if path is not None:
+                    wanted.setdefault((".".join(parts[:n]), path), []).append((local, ".".join(parts[n:]) or None))
                     break
+        for (mod, path), names in sorted(wanted.items()):
+            if mod in self.local_modules:
+                self._merge(mod, self.local_modules[mod], names)
+                continue
+            try:
+                with open(path, "rb") as fh:
+                    sub_src = fh.read()
+                sub_tree = cst.parse_module(sub_src)
+            except (OSError, cst.ParserSyntaxError, UnicodeDecodeError):
+                continue
+            rel = os.path.relpath(path, source_dir).replace(os.sep, "/")
+            sub = Program(sub_tree, rel, source_dir=os.path.dirname(path), _depth=depth + 1, source=sub_src)
+            self._merge(mod, sub, names)
+
+    def local_module_of(self, qual: str) -> Optional["Program"]:
+        return self.local_modules.get(qual.lstrip("."))
 
     def _merge(self, root: str, sub: "Program", names: list) -> None:
         from collections import ChainMap
 
+        merged = self.__dict__.setdefault("_merged", set())
         self.local_modules[root] = sub
-        self.unpacks.update(sub.unpacks)
-        self.item_sets.update(sub.item_sets)
-        for name, prog in sub.local_modules.items():
-            self.local_modules.setdefault(name, prog)
-        self.parents = ChainMap(self.parents, sub._own_parents) if not isinstance(self.parents, ChainMap) else \
-            self.parents.new_child(sub._own_parents)
-        self.funcs.update(sub.funcs)
-        self.modules.extend(sub.modules)
-        for qual, info in sub.funcs_by_qual.items():
-            self.funcs_by_qual.setdefault(f"{root}.{qual}", info)
-            self.funcs_by_qual.setdefault(qual, info)
-        for local, q in names:
-            member = q.split(".", 1)[1] if "." in q else None
+        if id(sub) not in merged:
+            merged.add(id(sub))
+            for name, prog in sub.local_modules.items():
+                self.local_modules.setdefault(name, prog)
+                merged.add(id(prog))  # its nodes and functions came in with *sub*
+            self.unpacks.update(sub.unpacks)
+            self.item_sets.update(sub.item_sets)
+            self.parents = ChainMap(self.parents, sub.parents) if not isinstance(self.parents, ChainMap) else \
+                self.parents.new_child(sub.parents)
+            self.funcs.update(sub.funcs)
+            self.modules.extend(sub.modules)
+            for qual, info in sub.funcs_by_qual.items():
+                self.funcs_by_qual.setdefault(f"{root}.{qual}", info)
+                self.funcs_by_qual.setdefault(qual, info)
+            for cname, cdef in sub.classes.items():
+                self.classes.setdefault(cname, cdef)
+        for local, member in names:
             if member is None:
                 continue
             if member in sub.classes:
@@ -318,8 +357,6 @@ class Program:
                 self.funcs_by_qual.setdefault(local, sub.funcs_by_qual[member])
             elif member in sub.module_assigns:
                 self.module_assigns.setdefault(local, sub.module_assigns[member])
-        for cname, cdef in sub.classes.items():
-            self.classes.setdefault(cname, cdef)
 
     def qnames(self, node: cst.CSTNode) -> set[str]:
         """Qualified name of a dotted reference through the imports (``F.relu`` -> torch.nn.functional.relu)."""
@@ -472,7 +509,7 @@ class Program:
         """Every node of the script and of the local modules it imports (computed once)."""
         if getattr(self, "_all_nodes", None) is None:
             self._all_nodes = list(self._order)
-            for sub in self.local_modules.values():
+            for sub in {id(m): m for m in self.local_modules.values()}.values():
                 self._all_nodes.extend(sub._order)
         return self._all_nodes
 
@@ -562,9 +599,10 @@ class Program:
                 info = self.funcs_by_qual.get(f"{cls}.{method}")
                 if info is not None:
                     return info, 1
-            if isinstance(recv, cst.Name) and recv.value in self.imports:
-                root = self.imports[recv.value].lstrip(".").split(".")[0]
-                sub = self.local_modules.get(root)
+            d = dotted(recv)
+            if d and d.split(".")[0] in self.imports:
+                first, _, rest = d.partition(".")
+                sub = self.local_module_of(self.imports[first] + (f".{rest}" if rest else ""))
                 if sub is not None:
                     info = sub.funcs_by_qual.get(method)
                     if info is not None and info.cls is None and info.parent is None:

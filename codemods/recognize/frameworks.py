@@ -103,8 +103,10 @@ class FrameworksMixin:
         base = func
         while isinstance(base, cst.Attribute):
             base = base.value
-        return isinstance(base, cst.Name) and base.value in self.p.imports and \
-            self.p.imports[base.value].split(".")[0] not in self.p.local_modules
+        if not (isinstance(base, cst.Name) and base.value in self.p.imports):
+            return False
+        qual = self.p.imports[base.value].lstrip(".")
+        return not any(qual == m or qual.startswith(m + ".") for m in self.p.local_modules)
 
     def _imported_class_of(self, recv, scope) -> Optional[str]:
         exprs = []

@@ -129,6 +129,14 @@ EXPECT = {
         {}, [], [], {"provenance": {"algorithm.kl.estimator": "grpo_loss.py:", "algorithm.name": "rl_utils.py:",
                                     "algorithm.kl.coef": "train_grpo_local.py:26"},
                      "unmapped": ["rollouts_per_step=32"]}),
+    # DeepSpeed-Chat layout: main.py two folders below the package holding the trainer class (self.kl_ctl ...)
+    "dschat_project/training/step3/main": ("migrated", {
+        "algorithm.name": "ppo", "algorithm.kl.coef": 0.1, "algorithm.kl.placement": "reward",
+        "algorithm.clip_ratio": 0.2, "algorithm.value_clip": 0.2, "algorithm.gamma": 1.0, "algorithm.lam": 0.95,
+        "algorithm.ppo_epochs": 1, "data.max_response_length": 256},
+        {"algorithm.ppo_epochs": 15}, [], ["reward clipping at ../../dschat/rlhf/ppo_trainer.py:24"],
+        {"provenance": {"algorithm.kl.coef": "../../dschat/rlhf/ppo_trainer.py:8"},
+         "unmapped": ["--num-train-epochs=1"]}),
     # GRPO loop as a method of a trainer class; dataclass args copied onto self; asymmetric clip
     "trainer_method_grpo": ("migrated", {
         "algorithm.name": "grpo", "algorithm.group_size": 4, "algorithm.kl.coef": 0.04,
@@ -184,7 +192,7 @@ def _migrate(name: str):
 
 def test_corpus_is_large_enough():
     files = [f[:-3] for f in os.listdir(FIX) if f.endswith(".py")]
-    files += ["local_project/train_grpo_local"]
+    files += ["local_project/train_grpo_local", "dschat_project/training/step3/main"]
     assert len(files) >= 25
     assert set(EXPECT) == set(files)
 
