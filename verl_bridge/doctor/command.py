@@ -1,7 +1,8 @@
 """The ``verl-bridge doctor`` click command.
 
 Exit codes: 0 no errors (nothing matched for --explain, nothing missing for --scan),
-1 errors found (with --strict, warnings too), 2 usage error or the doctor itself failed.
+1 errors found, or torch / megatron-core could not be verified before the probe deadline
+(with --strict, warnings too), 2 usage error or the doctor itself failed.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def doctor(ctx: click.Context, as_json: bool, strict: bool, verbose: bool, expla
       verl-bridge doctor                 one line per check
       verl-bridge doctor -v --json       with the evidence, as JSON
       verl-bridge doctor --explain log.txt
+      verl-bridge doctor --explain "ImportError: libcuda.so.1: cannot open shared object file"
       verl-bridge doctor --scan train.py
     """
     try:
