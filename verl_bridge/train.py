@@ -13,7 +13,7 @@ def run(config_file: str, overrides: list[str]) -> int:
     from verl_bridge.runtime.trainer import MegatronTrainer
 
     try:
-        cfg = load_config(config_file, overrides)
+        cfg = load_config(config_file, overrides, require_model_source=True)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

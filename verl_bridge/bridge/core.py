@@ -8,7 +8,9 @@ A few lines wrap an existing script::
                             load_checkpoint=load_checkpoint)          # optional
     MegatronTrainer(bridge.load_config("ppo.yaml"), bridge=bridge).train()
 
-(``bridge.load_config`` names the functions in the config; ``config=`` takes a loaded one.)
+(``bridge.load_config`` names the functions in the config and clears a template's ``preset``: with a
+``model_provider`` the bridge is the model; ``MegatronTrainer(load_config(path), bridge=bridge)``
+does the same. ``config=`` takes a loaded one.)
 
 Hooks may also be ``"module:function"`` strings in the config
 (``model.actor.args.model_provider`` / ``initialize_megatron`` / ``load_checkpoint``).
@@ -21,7 +23,8 @@ Order of operations (``initialize`` then ``build_roles``):
 2. ``model_provider``: called through :func:`verl_bridge.bridge.hooks.call_model_provider`,
    whatever its signature. A provider that reads Megatron-LM's ``get_args()`` works: the user's
    initialiser set those globals, or (no initialiser) :mod:`verl_bridge.bridge.megatron_args`
-   is filled from the config.
+   is filled from the config. The model is then cast as Megatron-LM's ``get_model()`` does for
+   ``bf16`` / ``fp16`` (``Float16Module``: :mod:`verl_bridge.bridge.precision`).
 3. ``load_checkpoint``: the user's loader with whichever signature it has; without one,
    ``model.actor.args.load_path`` is read with verl-bridge's own Megatron checkpoint reader.
 4. roles: actor (trainable + optimizer), reference (frozen twin with the actor's initial weights),
@@ -31,6 +34,7 @@ Order of operations (``initialize`` then ``build_roles``):
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Optional
 
 import torch
@@ -52,6 +56,47 @@ def _resolve(hook, source_dir, what):
     return resolve_callable(hook, source_dir, what=what)
 
 
+def _presets_of(source, overrides) -> dict[str, str]:
+    """``{"model.actor.args.preset": ..., "model.critic.args.preset": ...}`` as *source* (+ *overrides*)
+    sets them (a megatron critic only: it is built by the actor's provider), without validating."""
+    import copy
+
+    from verl_bridge.config.loader import apply_overrides, read_yaml, to_plain
+
+    if isinstance(source, Config):
+        data = to_plain(source)
+    elif isinstance(source, dict):
+        data = source
+    elif source is None:
+        data = {}
+    else:
+        data = read_yaml(os.fspath(source))
+    data = apply_overrides(copy.deepcopy(data or {}), list(overrides or []))
+    out = {}
+    for role in ("actor", "critic"):
+        node = (data.get("model") or {}).get(role) if isinstance(data.get("model"), dict) else None
+        if not isinstance(node, dict) or (role == "critic" and node.get("type", "megatron") != "megatron"):
+            continue
+        preset = (node.get("args") or {}).get("preset") if isinstance(node.get("args"), dict) else None
+        if preset:
+            out[f"model.{role}.args.preset"] = preset
+    return out
+
+
+def _hook_name(hook) -> str:
+    if isinstance(hook, str):
+        return hook
+    return f"{getattr(hook, '__module__', '?')}:{getattr(hook, '__qualname__', repr(hook))}"
+
+
+def _info_rank0(msg: str) -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        return
+    from verl_bridge.runtime.metrics import info
+
+    info(msg)
+
+
 class MegatronBridge:
     def __init__(self, model_provider: Callable | str | None = None, initialize_megatron: Callable | str | None = None,
                  load_checkpoint: Callable | str | None = None, *, config: Optional[Config] = None,
@@ -65,33 +110,60 @@ class MegatronBridge:
         self.layout = None
         self.reused_groups = False
 
-    def load_config(self, source, overrides: Optional[list[str]] = None, **kwargs) -> Config:
-        """Load and validate *source* for this bridge's Python hooks, and keep it as ``self.config``.
+    @property
+    def supplies_model(self) -> bool:
+        """True when this bridge has a ``model_provider``: it, not the config, says what the model is."""
+        return self._provider is not None
 
-        Each hook given as a module-level function is named in the config
-        (``model.actor.args.model_provider: "module:function"``, ...), so validation sees the model
-        source and a run directory's ``config.yaml`` records where the model came from.
+    def load_config(self, source, overrides: Optional[list[str]] = None, **kwargs) -> Config:
+        """Load and validate *source* (a YAML path, dict or Config) for this bridge, and keep it as
+        ``self.config``.
+
+        When this bridge has a ``model_provider``, the bridge is the model: ``model.actor.args.preset``
+        (every template sets ``preset: tiny``) and a megatron critic's preset (the critic is the
+        provider's model with a value head) are cleared with one info line, and a config that names no
+        model source is fine. Hooks that are module-level
+        functions of an importable module are named in the config (``model.actor.args.model_provider:
+        "module:function"``, ...), so a run directory's ``config.yaml`` records where the model came
+        from; closures and functions of the ``__main__`` script are used as given, unnamed.
         """
         from verl_bridge.config import load_config
 
         named = []
         for key, hook in (("model_provider", self._provider), ("initialize_megatron", self._init),
                           ("load_checkpoint", self._loader)):
-            if hook is None or isinstance(hook, str):
-                continue
-            qual = getattr(hook, "__qualname__", "")
-            module = getattr(hook, "__module__", None)
-            if not module or "<" in qual:
-                raise BridgeError(f"{key}={hook!r} is not a module-level function, so a config cannot name it; "
-                                  "define it at module level, or name a model source in the config and pass "
-                                  "config= to MegatronBridge")
-            named.append(f"model.actor.args.{key}={module}:{qual}")
-        self.config = load_config(source, named + list(overrides or []), **kwargs)
+            name = _hook_name(hook) if hook is not None else None
+            if name is not None and ("<" in name or name.startswith("__main__:") or name.startswith("?:")):
+                name = None  # not importable by name: used as given
+            if name is not None:
+                named.append(f"model.actor.args.{key}={name}")
+        clear = []
+        if self._provider is not None:
+            presets = _presets_of(source, overrides)
+            clear = [f"{key}=null" for key in presets]
+            if presets:
+                _info_rank0(f"{', '.join(f'{k}={v}' for k, v in presets.items())} cleared: the model comes from "
+                            f"the bridge's model_provider ({_hook_name(self._provider)})")
+        self.config = load_config(source, named + list(overrides or []) + clear, **kwargs)
         return self.config
+
+    def adopt_config(self, config, overrides: Optional[list[str]] = None) -> Config:
+        """The config a trainer runs with this bridge (:meth:`load_config`'s rules), unless *config*
+        is already the one this bridge loaded."""
+        if config is self.config and not overrides and not (self.supplies_model and _presets_of(config, None)):
+            return config
+        return self.load_config(config, overrides)
 
     @classmethod
     def from_config(cls, config: Config) -> "MegatronBridge":
+        """A bridge from the hooks the config names; a config that names no model is refused here
+        (before any process group starts), as ``load_config(..., require_model_source=True)`` would."""
+        from verl_bridge.config.loader import ConfigError
+        from verl_bridge.config.validate import NO_MODEL_SOURCE
+
         a = config.model.actor.args
+        if not (a.preset or a.model_name_or_path or a.model_provider):
+            raise ConfigError([NO_MODEL_SOURCE])
         return cls(a.model_provider, a.initialize_megatron, a.load_checkpoint, config=config)
 
     # ------------------------------------------------------------------ process groups
@@ -183,8 +255,11 @@ class MegatronBridge:
         post = self.layout.is_last_stage
         device = self.layout.device
 
+        from verl_bridge.bridge.precision import PrecisionMismatchError, cast_like_float16_module, resolve_precision
         from verl_bridge.compat import make_cpu_safe
         from verl_bridge.compat.mcore_versions import default_pg_collection
+
+        said = []
 
         def build() -> torch.nn.Module:
             # megatron-core >= 0.15 providers may take the process groups as a ProcessGroupCollection
@@ -195,6 +270,15 @@ class MegatronBridge:
                 if len(model) != 1:
                     raise BridgeError(f"model_provider returned {len(model)} chunks; verl-bridge expects one model")
                 model = model[0]
+            # Megatron-LM's get_model(): Float16Module casts the whole model for --bf16 / --fp16
+            try:
+                precision, note = resolve_precision(model, cfg.trainer.precision)
+            except PrecisionMismatchError as exc:
+                raise BridgeError(str(exc)) from None
+            if note and not said:
+                _info_rank0(note)
+                said.append(note)
+            model = cast_like_float16_module(model, precision)
             return make_cpu_safe(model.to(device))
 
         return build

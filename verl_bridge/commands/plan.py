@@ -41,7 +41,8 @@ def plan(config_file, overrides, nproc, nnodes, device_memory_gb, model_shape, b
 
     nproc, world = resolve_world(config_file, overrides, nproc, nnodes)
     try:  # a plan needs no files on disk: paths are not checked
-        cfg = load_config(config_file, list(overrides), world_size=world, check_paths=False)
+        cfg = load_config(config_file, list(overrides), world_size=world, check_paths=False,
+                          require_model_source=True)
     except ConfigError as exc:
         raise ConfigProblem(str(exc)) from None
     try:

@@ -17,7 +17,7 @@ def _load(config_file: str, overrides: tuple[str, ...], world_size: int):
     from verl_bridge.config import ConfigError, load_config
 
     try:
-        return load_config(config_file, list(overrides), world_size=world_size)
+        return load_config(config_file, list(overrides), world_size=world_size, require_model_source=True)
     except ConfigError as exc:
         raise ConfigProblem(str(exc)) from None
 

@@ -15,7 +15,7 @@ def validate(config_file: str, overrides: tuple[str, ...], nproc: int) -> None:
     from verl_bridge.config import ConfigError, load_config
 
     try:
-        load_config(config_file, list(overrides), world_size=nproc)
+        load_config(config_file, list(overrides), world_size=nproc, require_model_source=True)
     except ConfigError as exc:
         raise ConfigProblem(str(exc)) from None
     click.echo(f"config OK: {config_file} (world size {nproc})")

@@ -185,11 +185,16 @@ def load_config(
     overrides: Optional[list[str]] = None,
     world_size: Optional[int] = None,
     check_paths: bool = True,
+    require_model_source: bool = False,
 ) -> Config:
     """Load, override and validate a config. Raises :class:`ConfigError` listing every problem.
 
     ``path`` may be a YAML file, a dict, an existing :class:`Config` or ``None`` (defaults).
     ``world_size`` defaults to ``$WORLD_SIZE`` (or 1); the parallel arithmetic is checked against it.
+    ``require_model_source``: a config that names no actor model (``model.actor.args.preset`` /
+    ``model_name_or_path`` / ``model_provider``) is a problem. The command line asks for it; in
+    Python the model may come from a :class:`~verl_bridge.MegatronBridge` instead, so a trainer
+    without a bridge checks it when it starts (:meth:`MegatronBridge.from_config`).
     """
     from verl_bridge.config.validate import validate
 
@@ -211,7 +216,8 @@ def load_config(
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", cfg.trainer.nproc_per_node or 1))
     try:
-        semantic = validate(cfg, world_size=world_size, check_paths=check_paths)
+        semantic = validate(cfg, world_size=world_size, check_paths=check_paths,
+                            require_model_source=require_model_source)
     except (TypeError, ValueError, AttributeError, KeyError):  # values of the wrong type trip semantic checks
         if not structural:
             raise

@@ -24,6 +24,7 @@ PRESETS = ("tiny",)
 CHECKPOINT_FORMATS = ("legacy", "torch_dist")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16")
+DECODE_PATHS = ("auto", "fast", "module")  # rollout.decode (verl_bridge.rollout.native)
 
 
 @dataclass(kw_only=True)
@@ -163,6 +164,7 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     eval_temperature: float = 0.0  # 0 = greedy decoding in evaluation
     compile_decode: bool = False  # native engine on CUDA: torch.compile the decode step before graph capture
+    decode: str = "auto"  # native engine: auto (fast decoder on CUDA when it can run the model) | fast | module
 
 
 @dataclass(kw_only=True)

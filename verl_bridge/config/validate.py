@@ -72,7 +72,13 @@ def _check_dir(problems, key, path, source_dir, check_paths):
         )
 
 
-def validate(cfg: Config, world_size: int = 1, check_paths: bool = True) -> list[str]:
+NO_MODEL_SOURCE = ("model.actor.args: set one of preset (e.g. tiny), model_name_or_path (a local HF directory) "
+                   "or model_provider ('module:function'), or pass the model through a MegatronBridge "
+                   "(MegatronTrainer(config, bridge=MegatronBridge(model_provider=...)))")
+
+
+def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
+             require_model_source: bool = True) -> list[str]:
     p: list[str] = []
     t, a, d, r, m = cfg.trainer, cfg.algorithm, cfg.data, cfg.rollout, cfg.model
 
@@ -200,6 +206,7 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True) -> list
     _choice(p, "rollout.engine", r.engine, S.ENGINES)
     _range(p, "rollout.temperature", r.temperature, lo=0.0)
     _range(p, "rollout.eval_temperature", r.eval_temperature, lo=0.0)
+    _choice(p, "rollout.decode", r.decode, S.DECODE_PATHS)
     _range(p, "rollout.top_p", r.top_p, lo=0.0, hi=1.0, lo_open=True)
     _range(p, "rollout.top_k", r.top_k, lo=0)
     _range(p, "rollout.bucket_mb", r.bucket_mb, lo=1)
@@ -223,9 +230,8 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True) -> list
     act = m.actor
     _choice(p, "model.actor.type", act.type, S.ACTOR_TYPES)
     sources = [k for k in ("preset", "model_name_or_path", "model_provider") if getattr(act.args, k)]
-    if not sources:
-        p.append("model.actor.args: set one of preset (e.g. tiny), model_name_or_path (a local HF directory) "
-                 "or model_provider ('module:function')")
+    if not sources and require_model_source:
+        p.append(NO_MODEL_SOURCE)
     elif "preset" in sources and len(sources) > 1:
         p.append(f"model.actor.args: preset and {sources[1]} are both set; use one")
     if act.args.preset is not None:

@@ -73,7 +73,29 @@ def unsupported_reason(model: torch.nn.Module) -> Optional[str]:
             return f"layer norm fused into the linear layers ({name} is not a separate norm: Transformer Engine spec)"
     if c.apply_residual_connection_post_layernorm:
         return "apply_residual_connection_post_layernorm"
-    return None
+    if getattr(c, "activation_func_clamp_value", None) is not None or getattr(c, "glu_linear_offset", 0.0):
+        return "clamped or offset GLU activation"
+    return mixed_dtype_reason(m)
+
+
+def mixed_dtype_reason(model: torch.nn.Module) -> Optional[str]:
+    """Why a model whose floating parameters do not share one dtype cannot run here, else ``None``.
+
+    The decoder feeds each op's output straight into the next weight (``F.linear(h, W)``), so a
+    bf16 linear after an fp32 LayerNorm would fail with ``mat1 and mat2 must have the same dtype``.
+    Megatron-LM never runs such a model: ``get_model()``'s ``Float16Module`` casts all of it.
+    """
+    from verl_bridge.bridge.precision import parameter_dtypes
+
+    groups = parameter_dtypes(model)
+    if len(groups) <= 1:
+        return None
+    main = max(groups, key=lambda d: len(groups[d]))
+    others = "; ".join(f"{str(d).replace('torch.', '')}: {', '.join(n[:3])}{' ...' if len(n) > 3 else ''} "
+                       f"({len(n)} in all)" for d, n in groups.items() if d != main for n in [groups[d]])
+    return (f"mixed parameter dtypes: most are {str(main).replace('torch.', '')}, but {others}. Cast the whole "
+            "model as Megatron-LM's get_model() does with Float16Module (MegatronBridge does this for a "
+            "bf16/fp16 TransformerConfig), or set rollout.decode: module")
 
 
 def _norm(x, weight, bias, kind: str, eps: float):
@@ -81,6 +103,10 @@ def _norm(x, weight, bias, kind: str, eps: float):
     if kind == "RMSNorm":
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def _gelu_tanh(x):
+    return F.gelu(x, approximate="tanh")
 
 
 def _rotate_half(x):
@@ -122,6 +148,10 @@ class FastDecoder:
         self.scale = c.softmax_scale if getattr(c, "softmax_scale", None) else self.head_dim ** -0.5
         self.gated = c.gated_linear_unit
         self.act = c.activation_func
+        if getattr(c, "bias_activation_fusion", False) and self.act is F.gelu:
+            # megatron's fused bias-GeLU / GeGLU kernels (Megatron-LM's default --bias-gelu-fusion) use
+            # GeLU's tanh approximation, not the erf form that config.activation_func names
+            self.act = _gelu_tanh
         self.rope = getattr(self.model, "position_embedding_type", "rope") == "rope"
         if self.rope:  # megatron keeps inv_freq as a plain attribute: it stays on CPU after .to("cuda")
             dev = self._output_weight().device

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from verl_bridge.config.schema import DECODE_PATHS
 from verl_bridge.rollout.base import RolloutBatch, SamplingParams, left_pad
 from verl_bridge.rollout.sampling import sample_next
 from verl_bridge.runtime.batch import model_inputs
@@ -24,26 +25,40 @@ from verl_bridge.runtime.batch import model_inputs
 class NativeEngine:
     """Generate with the actor's megatron modules; on CUDA, with :mod:`.fast_decode` when it applies.
 
-    ``fast``: ``None`` (default) uses the CUDA-graph fast decoder on CUDA whenever
-    :func:`~verl_bridge.rollout.fast_decode.unsupported_reason` finds nothing against the model, and
-    the module path otherwise (CPU, TP>1, Transformer Engine specs, ...). ``True`` / ``False`` force it.
+    ``decode`` (``rollout.decode``): ``auto`` (default) uses the CUDA-graph fast decoder on CUDA
+    whenever :func:`~verl_bridge.rollout.fast_decode.unsupported_reason` finds nothing against the
+    model, and the module path otherwise (CPU, TP>1, Transformer Engine specs, mixed dtypes, ...);
+    ``fast`` requires the fast decoder (eager on CPU) and raises with the reason when it cannot run
+    the model; ``module`` always generates through megatron's module forward. ``fast=True/False``
+    (older keyword) is ``decode="fast"/"module"``. ``path`` says which one runs and, if not the fast
+    decoder, ``fast_reason`` why.
     ``compile`` (``rollout.compile_decode``): compile the fast decoder's step with ``torch.compile``
     before graph capture (1.7x faster decode on an H200 in ``benchmarks/rollout.py``; the first
     generation of each shape pays the compilation).
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, fast: bool | None = None,
-                 compile: bool = False):
+                 compile: bool = False, decode: str = "auto"):
         self.model = model
         self.device = device
         self.fast = None
         from verl_bridge.rollout.fast_decode import FastEngine, unsupported_reason
 
+        if fast is not None:
+            decode = "fast" if fast else "module"
+        if decode not in DECODE_PATHS:
+            raise ValueError(f"rollout.decode={decode!r}: expected one of {', '.join(DECODE_PATHS)}")
         self.fast_reason = unsupported_reason(model)
-        if fast is None:
-            fast = device.type == "cuda" and self.fast_reason is None
-        if fast:
+        if decode == "module":
+            self.fast_reason = "rollout.decode: module"
+        elif decode == "fast" and self.fast_reason is not None:
+            raise ValueError(f"rollout.decode=fast, but the fast decoder cannot run this model: {self.fast_reason}. "
+                             "Use rollout.decode: auto (falls back to the module path) or module")
+        elif decode == "auto" and device.type != "cuda" and self.fast_reason is None:
+            self.fast_reason = "CPU (rollout.decode: auto uses the fast decoder on CUDA; fast forces it here too)"
+        if self.fast_reason is None:
             self.fast = FastEngine(model, device, compile=compile)
+        self.path = "fast" if self.fast is not None else "module"
 
     def sync_weights(self) -> None:  # shares the actor's parameters
         return None

@@ -72,8 +72,12 @@ class MegatronTrainer:
 
     def __init__(self, config: Config | str | dict, overrides: Optional[list[str]] = None, *,
                  bridge=None, reward_fn: Optional[Callable[[str, str], float]] = None):
-        if not isinstance(config, Config) or overrides:
+        if bridge is not None and bridge.supplies_model:
+            config = bridge.adopt_config(config, overrides)  # the bridge's model: a YAML preset is cleared
+        elif not isinstance(config, Config) or overrides:
             config = load_config(config, overrides)
+        if bridge is not None:
+            bridge.config = config
         self.config = config
         self.bridge = bridge
         self.reward_fn = reward_fn
@@ -160,7 +164,11 @@ class MegatronTrainer:
             raise RuntimeError(f"rollout.engine={cfg.rollout.engine!r} is not available in this build; use native")
         from verl_bridge.rollout.native import NativeEngine
 
-        return NativeEngine(roles.actor, self.device, compile=cfg.rollout.compile_decode)
+        engine = NativeEngine(roles.actor, self.device, compile=cfg.rollout.compile_decode, decode=cfg.rollout.decode)
+        if self.is_logger:
+            info(f"rollout: native engine, {engine.path} decode path"
+                 + (f" ({engine.fast_reason})" if engine.fast is None else ""))
+        return engine
 
     # ------------------------------------------------------------------ one step
     def rollout(self, step: int) -> Experience:
