@@ -86,8 +86,18 @@ def _refuse_and_wrap(rank, world_size):
     return out
 
 
-def test_mixed_dtype_model_is_refused_and_float16module_generates_fast():
-    r = run_distributed(_refuse_and_wrap, 1)[0]
+def _model_checks(rank, world_size):
+    return {"refuse": _refuse_and_wrap(rank, world_size), "gelu": _gelu_fusion_logits(rank, world_size)}
+
+
+@pytest.fixture(scope="module")
+def model_checks():
+    """Both model-level checks in one gloo worker (one process start, one megatron import)."""
+    return run_distributed(_model_checks, 1)[0]
+
+
+def test_mixed_dtype_model_is_refused_and_float16module_generates_fast(model_checks):
+    r = model_checks["refuse"]
     # the provider's raw model is mixed, as megatron builds it
     assert r["raw_dtypes"] == {"embedding.position_embeddings.weight": "torch.float32",
                                "decoder.layers.0.input_layernorm.weight": "torch.float32",
@@ -187,7 +197,7 @@ def _gelu_fusion_logits(rank, world_size):
     return float((got - ref).abs().max() / ref.abs().max()), float((erf - ref).abs().max() / ref.abs().max())
 
 
-def test_fast_decoder_follows_megatrons_fused_bias_gelu():
+def test_fast_decoder_follows_megatrons_fused_bias_gelu(model_checks):
     """With bias_activation_fusion, megatron's MLP computes tanh-approximate GeLU; the decoder must too."""
-    tanh_rel, erf_rel = run_distributed(_gelu_fusion_logits, 1)[0]
+    tanh_rel, erf_rel = model_checks["gelu"]
     assert tanh_rel < 1e-5 and erf_rel > 20 * tanh_rel, (tanh_rel, erf_rel)
