@@ -180,8 +180,50 @@ class ConfigSitesMixin:
             if "param_groups" in tgt and ('["lr"]' in tgt or "['lr']" in tgt):
                 a.warn(f"custom learning-rate anneal at {self.loc(self.p.line(node))} (param_groups lr assignment) "
                        "is not supported; MegatronTrainer uses a constant LR")
+        if not found_actor:
+            found_actor = self.deepspeed_config()
         if not found_actor and not trl:
             a.warn("no optimizer construction was found; optim.actor.lr is left out")
+
+    def deepspeed_config(self) -> bool:
+        """``deepspeed.initialize(config=ds_config, ...)`` with the optimizer in the DeepSpeed config dict:
+        ``{"optimizer": {"params": {"lr": ...}}, "gradient_clipping": ..., "train_micro_batch_size_per_gpu": ...}``."""
+        found = False
+        for call, scope in self.calls:
+            if "deepspeed.initialize" not in self.qn(call.func):
+                continue
+            arg = _kwarg(call, "config") or _kwarg(call, "config_params")
+            rec = self.p.ev_record(arg, scope) if arg is not None else None
+            if rec is None:
+                continue
+
+            def field(r, *path):
+                ev = None
+                for i, k in enumerate(path):
+                    if r is None or k not in r.fields:
+                        return None
+                    ev = self.p.record_field(r, k, rec.line)
+                    if i < len(path) - 1:
+                        r = ev.value if isinstance(ev, Known) and isinstance(ev.value, Record) else None
+                return ev
+
+            lr = field(rec, "optimizer", "params", "lr")
+            if lr is not None:
+                self.emit("optim.actor.lr", lr, "the DeepSpeed optimizer lr")
+                found = True
+            wd = field(rec, "optimizer", "params", "weight_decay")
+            if wd is not None:
+                self.emit("optim.actor.weight_decay", wd, "the DeepSpeed optimizer weight_decay")
+            clip = field(rec, "gradient_clipping")
+            if clip is not None:
+                self.emit("optim.actor.clip_grad", clip, "gradient_clipping")
+            micro = field(rec, "train_micro_batch_size_per_gpu")
+            if micro is not None:
+                self.emit("algorithm.micro_batch_size", micro, "train_micro_batch_size_per_gpu")
+            if field(rec, "scheduler") is not None:
+                self.a.warn(f"{self.loc(self.p.line(call))}: the DeepSpeed config's LR scheduler is not supported; "
+                            "MegatronTrainer uses a constant LR (with optim.actor.warmup_steps)")
+        return found
 
     def check_lr_constants(self, lr_node, scope) -> None:
         """Warn when an LR-like constant exists but a different value reaches the optimizer."""

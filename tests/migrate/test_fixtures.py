@@ -152,7 +152,7 @@ EXPECT = {
     "constants_deepspeed_grpo": ("migrated", {
         "algorithm.name": "grpo", "algorithm.group_size": 8, "algorithm.kl.coef": 0.04,
         "algorithm.clip_ratio": 0.2, "trainer.total_steps": 1000, "trainer.save_every": 200,
-        "data.max_response_length": 384},
+        "data.max_response_length": 384, "optim.actor.lr": 1e-6, "algorithm.micro_batch_size": 2},
         {"algorithm.kl.coef": 7}, [], [], {"unmapped": ["Q_batch_size=4"]}),
     # TRL example generating per query; the length sampler is called per query into generation_kwargs
     "trl_per_query_sampler": ("migrated", {

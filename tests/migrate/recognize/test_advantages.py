@@ -52,3 +52,11 @@ def test_mean_over_the_batch_is_not_group_normalisation():
     r = recognizer(GRPO.replace("g.mean(dim=1, keepdim=True)", "g.mean()").replace("g.std(dim=1, keepdim=True)",
                                                                                       "g.std()"))
     assert r.a.status == "refuse" and any("advantages" in x for x in r.a.reasons)
+
+
+def test_whitening_through_a_helper():
+    src = GAE.replace("        ratio = torch.exp", "        adv = normalise(adv)\n        ratio = torch.exp") + \
+        "\n\ndef normalise(x):\n    return (x - x.mean()) / (x.std() + 1e-8)\n"
+    r = recognizer(src)
+    assert r.a.config["algorithm.whiten_advantages"] is True
+    assert r.a.provenance["algorithm.whiten_advantages"] == "t.py:18"  # adv = normalise(adv)

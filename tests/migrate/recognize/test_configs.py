@@ -44,3 +44,15 @@ def test_self_attributes():
         """, run=False)
     clips = r.ratio_clips()
     assert r.p.ev(clips[0][4], clips[0][2]).value == 0.3
+
+
+def test_deepspeed_config_dict():
+    src = GRPO.replace("    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)\n",
+                       '    ds = {"optimizer": {"type": "AdamW", "params": {"lr": 3e-7, "weight_decay": 0.1}},\n'
+                       '          "gradient_clipping": 0.5, "train_micro_batch_size_per_gpu": 2}\n'
+                       "    model, opt, _, _ = deepspeed.initialize(model=model, config=ds)\n").replace(
+        "import torch", "import deepspeed\nimport torch")
+    r = recognizer(src)
+    c = r.a.config
+    assert (c["optim.actor.lr"], c["optim.actor.weight_decay"], c["optim.actor.clip_grad"]) == (3e-7, 0.1, 0.5)
+    assert c["algorithm.micro_batch_size"] == 2
