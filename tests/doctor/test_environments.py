@@ -492,3 +492,23 @@ def test_flash_attn_on_cpu_only_torch(fake: FakeEnv):
     checks = expect(fake.run("--json"), 1, flash_attn="error")
     assert "CPU-only" in checks["flash-attn"]["summary"]
     assert checks["flash-attn"]["fix"].startswith("pip uninstall -y flash-attn")
+
+
+def test_megatron_cores_own_requirements(fake: FakeEnv):
+    fake.healthy()
+    fake.dist("megatron-core", "0.13.1", ["torch", "numpy<2.0.0", "packaging", "einops; extra == 'dev'"])
+    fake.dist("numpy", "2.1.0")
+    checks = expect(fake.run("--json"), 1, megatron_core="error")
+    core = checks["megatron-core"]
+    assert "requires numpy<2.0.0 but numpy 2.1.0 is installed" in core["summary"]
+    assert "packaging, which is not installed" in core["summary"] and "einops" not in core["summary"]
+    assert 'pip install "numpy<2.0.0"' in core["fix"] and 'pip install "packaging"' in core["fix"]
+    # another package needs numpy 2: the fix moves megatron-core, not numpy (no advice loop)
+    fake.dist("packaging", "24.2")
+    fake.dist("vllm", "0.8.4", ["torch==2.5.1", "numpy>=2"])
+    fake.file("vllm/__init__.py", "")
+    checks = expect(fake.run("--json"), 1, megatron_core="error", vllm="error")
+    core = checks["megatron-core"]
+    assert "cannot both be satisfied" in core["summary"] and "vllm 0.8.4 requires numpy>=2" in core["summary"]
+    assert core["fix"].startswith('pip install "megatron-core>=0.12,<0.20"')
+    assert "numpy<2" not in core["fix"]

@@ -158,6 +158,8 @@ def check_core(ctx: Context) -> CheckResult:
     elif dist is not None and not _same_tree(dist.location, core_dir) and not file_version:
         f.add(ERROR, f"megatron-core {dist.version} is installed in {dist.location} but megatron.core is imported from "
                      f"{core_dir}", "remove the other megatron checkout from PYTHONPATH")
+    if dist is not None:
+        _own_requirements(ctx, f, dist)
     if not any(p[0] == ERROR for p in f.problems):
         _import_result(ctx, f, "megatron-core", "megatron.core", required=True)
     step = ctx.step("megatron-core", "megatron.core")
@@ -170,6 +172,36 @@ def check_core(ctx: Context) -> CheckResult:
             f.add(ERROR, f"import reports version {v} but package_info.py says {file_version}", MCORE_FIX)
     version = (dist.version if dist else file_version) or "?"
     return f.result(f"{version} (supported {SUPPORTED_MCORE}) at {core_dir}")
+
+
+def _own_requirements(ctx: Context, f: Findings, dist: env.Dist) -> None:
+    """megatron-core's own Requires-Dist (numpy, packaging, ...; torch is the torch check's). A
+    requirement that another installed package contradicts is only noted: a fix for one would
+    break the other (an advice loop), so the summary names both instead."""
+    for req in dists.active_requires(dist.requires):
+        dep = dists.requirement_name(req)
+        if env.normalize(dep) == "torch":
+            continue
+        have = ctx.dists.get(dep)
+        specs = env.requirement_pins([req], dep)
+        if have is None:
+            f.add(ERROR, f"megatron-core {dist.version} needs {req}, which is not installed", f'pip install "{req}"')
+            continue
+        for spec in specs:
+            if env.satisfies(have.version, spec) is not False:
+                continue
+            others = [f"{o.name} {o.version} requires {dep}{s}" for key in sorted(ctx.dists.by_name)
+                      for o in ctx.dists.by_name[key][:1] if env.normalize(o.name) != "megatron-core"
+                      for s in env.requirement_pins(dists.active_requires(o.requires), dep)
+                      if env.satisfies(have.version, s) is not False and s != spec]
+            if others:
+                f.add(ERROR, f"megatron-core {dist.version} requires {dep}{spec} but {dep} {have.version} is installed, "
+                             f"and {'; '.join(others[:2])}: these two cannot both be satisfied",
+                      f'pip install "megatron-core{SUPPORTED_MCORE}"  # pip picks a supported megatron-core '
+                      f"release that accepts {dep} {have.version}")
+            else:
+                f.add(ERROR, f"megatron-core {dist.version} requires {dep}{spec} but {dep} {have.version} is installed",
+                      f'pip install "{dep}{spec}"')
 
 
 def _same_tree(location: str, core_dir: str) -> bool:
