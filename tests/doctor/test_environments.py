@@ -512,3 +512,15 @@ def test_megatron_cores_own_requirements(fake: FakeEnv):
     assert "cannot both be satisfied" in core["summary"] and "vllm 0.8.4 requires numpy>=2" in core["summary"]
     assert core["fix"].startswith('pip install "megatron-core>=0.12,<0.20"')
     assert "numpy<2" not in core["fix"]
+
+
+def test_unsupported_megatron_core_is_replaced_not_repaired(fake: FakeEnv):
+    """megatron-core 0.10.0 lists einops, nltk, pytest, ... as requirements: the only fix is the
+    supported release, not installing what the old one wanted."""
+    fake.torch()
+    fake.dist("nvidia-nccl-cu12", "2.21.5")
+    fake.dist("verl-bridge", "0.1.0")
+    fake.megatron_core("0.10.0")
+    fake.dist("megatron-core", "0.10.0", ["einops", "nltk", "pytest-random-order"])
+    checks = expect(fake.run("--json"), 1, megatron_core="error")
+    assert checks["megatron-core"]["fix"] == 'pip install "megatron-core>=0.12,<0.20"'

@@ -158,8 +158,8 @@ def check_core(ctx: Context) -> CheckResult:
     elif dist is not None and not _same_tree(dist.location, core_dir) and not file_version:
         f.add(ERROR, f"megatron-core {dist.version} is installed in {dist.location} but megatron.core is imported from "
                      f"{core_dir}", "remove the other megatron checkout from PYTHONPATH")
-    if dist is not None:
-        _own_requirements(ctx, f, dist)
+    if dist is not None and env.satisfies(dist.version, SUPPORTED_MCORE) is not False:
+        _own_requirements(ctx, f, dist)  # (an unsupported release is replaced, not repaired)
     if not any(p[0] == ERROR for p in f.problems):
         _import_result(ctx, f, "megatron-core", "megatron.core", required=True)
     step = ctx.step("megatron-core", "megatron.core")
