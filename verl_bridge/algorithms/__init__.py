@@ -4,7 +4,7 @@
 - :mod:`.losses`: PPO clipped / dual-clip policy loss -> ``POLICY_LOSSES``, value loss,
   entropy, KL estimators k1 / k2 / k3 -> ``KL_ESTIMATORS``
 - :mod:`.kl_control`: fixed / adaptive KL coefficient, KL penalty in the reward
-- :mod:`.core`: masked reductions, whitening, loss aggregation (``LOSS_AGG_MODES``)
+- :mod:`.core`: masked reductions, whitening, loss aggregation (``LOSS_AGG_MODES``, ``GlobalBatch``)
 
 - :mod:`.registry`: the registries and :data:`ALGORITHMS` (``algorithm.name`` -> :class:`AlgorithmSpec`)
 
@@ -24,7 +24,7 @@ from verl_bridge.algorithms.registry import ALGORITHMS, AlgorithmSpec, UnknownNa
 _TORCH_NAMES = {
     "verl_bridge.algorithms.registry": ("ADVANTAGE_ESTIMATORS", "KL_ESTIMATORS", "POLICY_LOSSES", "needs_critic",
                                         "register_advantage", "register_kl", "register_policy_loss"),
-    "verl_bridge.algorithms.core": ("LOSS_AGG_MODES", "aggregate_loss", "last_token_index", "masked_mean",
+    "verl_bridge.algorithms.core": ("LOSS_AGG_MODES", "GlobalBatch", "aggregate_loss", "last_token_index", "masked_mean",
                                     "masked_sum", "masked_var", "masked_whiten", "scores_to_token_rewards"),
     "verl_bridge.algorithms.advantages": ("compute_gae", "compute_grpo", "compute_reinforce_plus_plus",
                                           "compute_rloo"),
@@ -58,6 +58,7 @@ __all__ = [
     "POLICY_LOSSES",
     "AdaptiveKLController",
     "FixedKLController",
+    "GlobalBatch",
     "UnknownNameError",
     "aggregate_loss",
     "apply_kl_to_rewards",

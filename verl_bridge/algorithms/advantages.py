@@ -9,10 +9,18 @@ The trainer calls each registered estimator with one set of keywords::
     ADVANTAGE_ESTIMATORS[name](token_rewards=..., values=..., scores=..., mask=..., gamma=...,
                                lam=..., group_size=..., norm_by_std=...)
 
-so each accepts ``**kwargs`` and ignores what it does not use. Outcome estimators (GRPO, RLOO)
-read ``scores`` ``[B]``; when ``scores`` is None they use the masked row sum of
-``token_rewards``. Token-level estimators (GAE, REINFORCE++) read ``token_rewards``; when it is
-None they put ``scores`` on each row's last valid token.
+so each accepts ``**kwargs`` and ignores what it does not use. Every estimator reads
+``token_rewards`` ``[B, T]`` first: the token-level estimators (GAE, REINFORCE++) run their
+recursions over it, and the outcome estimators (GRPO, RLOO) take each row's masked SUM as the
+sequence's score. ``scores`` ``[B]`` is the fallback when ``token_rewards`` is None (token-level
+estimators then put each score on its row's last valid token).
+
+KL in the reward (``algorithm.kl.placement: reward``): the trainer passes
+``token_rewards = score on the last token - coef * kl_t on every token``
+(:func:`~verl_bridge.algorithms.kl_control.apply_kl_to_rewards`), so an outcome estimator
+normalises ``score_i - coef * sum_t kl_it`` within the group, as verl does (its ``apply_kl_penalty``
+writes ``token_level_rewards`` and ``compute_grpo_outcome_advantage`` / ``compute_rloo_outcome_advantage``
+sum them). Reading the raw ``scores`` instead would silently drop the KL (issue #17).
 
 Whether to whiten GAE advantages is the trainer's choice (``algorithm.whiten_advantages``,
 :func:`~verl_bridge.algorithms.core.masked_whiten`); verl whitens inside its GAE, we do not.
@@ -47,11 +55,17 @@ def _token_rewards(token_rewards, scores, mask) -> torch.Tensor:
 
 
 def _grouped_scores(scores, token_rewards, mask, group_size) -> tuple[torch.Tensor, int]:
-    """Scores as ``[n_groups, group_size]`` (contiguous rows form one group), and ``group_size`` as an int."""
-    if scores is None:
-        if token_rewards is None:
-            raise ValueError("this estimator needs scores [B] (or token_rewards [B, T]); both are None")
+    """Sequence scores as ``[n_groups, group_size]`` (contiguous rows form one group), and ``group_size``
+    as an int. The score of a row is the masked sum of its ``token_rewards`` (KL penalty included when
+    the KL sits in the reward); ``scores`` only when ``token_rewards`` is None."""
+    if token_rewards is not None:
+        if token_rewards.shape != mask.shape:
+            raise ValueError(
+                f"token_rewards shape {tuple(token_rewards.shape)} does not match mask shape {tuple(mask.shape)}"
+            )
         scores = masked_sum(token_rewards, mask, dim=-1)
+    elif scores is None:
+        raise ValueError("this estimator needs token_rewards [B, T] (or scores [B]); both are None")
     if scores.dim() != 1 or scores.shape[0] != mask.shape[0]:
         raise ValueError(
             f"scores must be [B] with B = mask rows = {mask.shape[0]}, got shape {tuple(scores.shape)}"
@@ -109,7 +123,8 @@ def compute_gae(token_rewards, values, mask, gamma: float, lam: float, scores=No
 def compute_grpo(scores, mask, group_size: int, norm_by_std: bool = True, eps: float = 1e-6, token_rewards=None, **_):
     """Group Relative Policy Optimization outcome advantage (DeepSeekMath, arXiv:2402.03300).
 
-    For response ``i`` of a group of ``G = group_size`` contiguous rows with scores ``s``:
+    For response ``i`` of a group of ``G = group_size`` contiguous rows with sequence scores ``s``
+    (row sums of ``token_rewards``, else ``scores``; see the module docstring):
     ``A_i = (s_i - mean(s)) / (std(s) + eps)`` (``std`` with Bessel's correction, as verl's
     ``compute_grpo_outcome_advantage`` via ``torch.std``); with ``norm_by_std=False``,
     ``A_i = s_i - mean(s)`` (Dr. GRPO, arXiv:2503.20783). ``A_i`` is broadcast over the
@@ -133,6 +148,7 @@ def compute_grpo(scores, mask, group_size: int, norm_by_std: bool = True, eps: f
 def compute_rloo(scores, mask, group_size: int, token_rewards=None, **_):
     """REINFORCE Leave-One-Out (Ahmadian et al. 2024, arXiv:2402.14740; Kool et al. 2019).
 
+    Sequence scores ``s`` are row sums of ``token_rewards`` (else ``scores``), as for GRPO.
     Baseline for response ``i`` is the mean score of the OTHER ``G - 1`` responses of its group:
     ``A_i = s_i - (sum_j s_j - s_i) / (G - 1) = G / (G - 1) * (s_i - mean(s))``. Broadcast over
     the response tokens (times ``mask``); returns equal advantages. ``group_size=1`` has no other
@@ -153,16 +169,19 @@ def compute_rloo(scores, mask, group_size: int, token_rewards=None, **_):
 def compute_reinforce_plus_plus(token_rewards, mask, gamma: float = 1.0, scores=None, **_):
     """REINFORCE++ (Hu 2025, arXiv:2501.03262; verl ``compute_reinforce_plus_plus_outcome_advantage``).
 
-    Discounted return-to-go over valid tokens, ``G_t = r_t + gamma * G_{t+1}`` (``G`` is 0 on
-    padding and after the last valid token), then whitened over all valid tokens of the batch:
-    ``A = (G - mean(G)) / sqrt(var(G) + 1e-8)`` (masked, unbiased variance). Returns ``G``.
+    Discounted return-to-go over valid tokens, ``G_t = r_t + gamma * G_{t'}`` with ``t'`` the next
+    VALID token (padded positions are skipped, as in GAE and verl 0.9.1: their rewards are ignored
+    and the running return passes through them), 0 after the last valid token; then whitened over
+    all valid tokens of the batch: ``A = (G - mean(G)) / sqrt(var(G) + 1e-8)`` (masked, unbiased
+    variance). Returns ``G`` (0 on padding).
     """
     token_rewards = _token_rewards(token_rewards, scores, mask)
     m = _float_mask(mask, token_rewards)
     returns = torch.zeros_like(token_rewards)
     running = token_rewards.new_zeros(token_rewards.shape[0])
     for t in reversed(range(token_rewards.shape[1])):
-        running = (token_rewards[:, t] + gamma * running) * m[:, t]
-        returns[:, t] = running
+        valid = m[:, t] != 0
+        running = torch.where(valid, token_rewards[:, t] + gamma * running, running)
+        returns[:, t] = torch.where(valid, running, torch.zeros_like(running))
     advantages = masked_whiten(returns, m) * m
     return advantages, returns

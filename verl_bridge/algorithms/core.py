@@ -8,6 +8,8 @@ never to NaN.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from verl_bridge.algorithms.registry import UnknownNameError
@@ -68,7 +70,44 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, 
     return torch.where(w != 0, whitened, torch.zeros_like(whitened))
 
 
-def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+@dataclass(frozen=True)
+class GlobalBatch:
+    """Normalisers of one optimizer step: counts over its WHOLE mini-batch, all micro-batches on all DP ranks.
+
+    ``tokens``: valid response tokens; ``sequences``: rows with at least one valid token. Build one
+    per rank with :meth:`of` and sum it over the micro-batches and the DP group (the trainer
+    all-reduces ``[tokens, sequences]``). verl passes the same two numbers to its ``agg_loss`` as
+    ``batch_num_tokens`` and ``global_batch_size``; Megatron-LM normalises by the global token count
+    the same way (``calculate_per_token_loss``).
+    """
+
+    tokens: float
+    sequences: float
+
+    def __post_init__(self):
+        if self.tokens < 0 or self.sequences < 0:
+            raise ValueError(f"GlobalBatch tokens and sequences must be >= 0, got {self.tokens}, {self.sequences}")
+
+    @classmethod
+    def of(cls, mask: torch.Tensor) -> "GlobalBatch":
+        """The counts of one ``[B, T]`` response mask."""
+        if mask.dim() != 2:
+            raise ValueError(f"mask must be [B, T] over response tokens, got shape {tuple(mask.shape)}")
+        on = mask != 0
+        return cls(float(on.sum()), float(on.any(dim=-1).sum()))
+
+    def __add__(self, other: "GlobalBatch") -> "GlobalBatch":
+        return GlobalBatch(self.tokens + other.tokens, self.sequences + other.sequences)
+
+
+def _divide(total: torch.Tensor, count) -> torch.Tensor:
+    """``total / count``, 0 when ``count`` is 0 (an empty selection, never NaN)."""
+    count = torch.as_tensor(count, dtype=total.dtype, device=total.device)
+    return torch.where(count > 0, total / torch.where(count > 0, count, torch.ones_like(count)), torch.zeros_like(total))
+
+
+def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str,
+                   global_batch: GlobalBatch | None = None) -> torch.Tensor:
     """Reduce a per-token loss ``[B, T]`` to a scalar (verl ``core_algos.agg_loss``).
 
     - ``token-mean``: ``sum_{i,t} m_it l_it / sum_{i,t} m_it`` -- every token weighs the same
@@ -80,17 +119,29 @@ def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str) -> tor
 
     Rows whose mask is all zero are not sequences: in the two ``seq-mean`` modes they neither
     contribute nor count (verl would count them, or divide by zero). A fully masked batch gives 0.
+
+    ``global_batch``: ``loss_mat`` is one micro-batch of a larger mini-batch (more micro-batches,
+    more DP ranks). The outer mean then divides by the mini-batch's counts
+    (``global_batch.tokens`` or ``.sequences``) instead of this micro-batch's, so the result is this
+    micro-batch's SHARE: the shares of all micro-batches on all ranks add up to the aggregate of the
+    whole mini-batch. (A mean of per-micro-batch means would weigh a token of a short micro-batch
+    more than one of a long one.) verl's ``agg_loss(..., dp_size, batch_num_tokens,
+    global_batch_size)`` returns this share times ``dp_size``.
     """
     if loss_mat.dim() != 2:
         raise ValueError(f"loss_mat must be [B, T], got shape {tuple(loss_mat.shape)}")
+    if mode not in LOSS_AGG_MODES:
+        raise UnknownNameError(f"unknown loss_agg_mode {mode!r}; allowed: {', '.join(LOSS_AGG_MODES)}")
+    w = _weights(loss_mat, mask)
     if mode == "token-mean":
-        return masked_mean(loss_mat, mask)
-    if mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
-        w = _weights(loss_mat, mask)
-        per_seq = masked_sum(loss_mat, w, dim=-1) if mode == "seq-mean-token-sum" else masked_mean(loss_mat, w, dim=-1)
-        has_tokens = (w != 0).any(dim=-1)
+        if global_batch is None:
+            return masked_mean(loss_mat, w)
+        return _divide(masked_sum(loss_mat, w), global_batch.tokens)
+    per_seq = masked_sum(loss_mat, w, dim=-1) if mode == "seq-mean-token-sum" else masked_mean(loss_mat, w, dim=-1)
+    has_tokens = (w != 0).any(dim=-1)
+    if global_batch is None:
         return masked_mean(per_seq, has_tokens)
-    raise UnknownNameError(f"unknown loss_agg_mode {mode!r}; allowed: {', '.join(LOSS_AGG_MODES)}")
+    return _divide(masked_sum(per_seq, has_tokens), global_batch.sequences)
 
 
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from verl_bridge.algorithms.core import aggregate_loss, masked_mean
+from verl_bridge.algorithms.core import GlobalBatch, aggregate_loss, masked_mean
 from verl_bridge.algorithms.registry import KL_ESTIMATORS, register_kl, register_policy_loss
 
 # exp() of a log-ratio beyond this overflows float32; verl clamps at the same bound.
@@ -28,6 +28,7 @@ def ppo_policy_loss(
     clip_ratio_high: float = 0.2,
     dual_clip_c: float | None = None,
     loss_agg_mode: str = "token-mean",
+    global_batch: GlobalBatch | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347), optionally dual-clipped.
 
@@ -43,6 +44,8 @@ def ppo_policy_loss(
     ``pg_clipfrac`` (tokens where the clipped term is the larger one), ``ppo_kl``
     (``mean(old_log_prob - log_prob)``, the k1 estimate of KL(old || new)),
     ``pg_clipfrac_lower`` (tokens where the dual clip bound is active; 0 without dual clip).
+    ``global_batch``: see :func:`~verl_bridge.algorithms.core.aggregate_loss` (the loss is then
+    this micro-batch's share of the mini-batch's loss).
     """
     if dual_clip_c is not None and dual_clip_c <= 1.0:
         raise ValueError(f"dual_clip_c must be > 1 (the ratio bound for negative advantages), got {dual_clip_c}")
@@ -61,7 +64,7 @@ def ppo_policy_loss(
         negative = advantages < 0
         clipfrac_lower = masked_mean((torch.gt(losses, bound) & negative).float(), mask)
         losses = torch.where(negative, torch.minimum(losses, bound), losses)
-    loss = aggregate_loss(losses, mask, loss_agg_mode)
+    loss = aggregate_loss(losses, mask, loss_agg_mode, global_batch)
     with torch.no_grad():
         stats = {
             "pg_clipfrac": float(clipfrac),
@@ -78,12 +81,13 @@ def value_loss(
     mask: torch.Tensor,
     clip_range: float | None = 0.2,
     loss_agg_mode: str = "token-mean",
+    global_batch: GlobalBatch | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped value loss of PPO's critic (as in OpenAI baselines ppo2 / verl ``compute_value_loss``).
 
     ``v_clip = old_values + clip(values - old_values, -clip_range, clip_range)``;
     per token ``0.5 * max((values - returns)^2, (v_clip - returns)^2)``, aggregated with
-    ``loss_agg_mode``. ``clip_range=None`` gives the plain ``0.5 * (values - returns)^2``.
+    ``loss_agg_mode`` (over ``global_batch`` when given, as in :func:`ppo_policy_loss`). ``clip_range=None`` gives the plain ``0.5 * (values - returns)^2``.
     ``values`` are the critic's current predictions, ``old_values`` those at rollout time.
     Stats: ``vf_clipfrac`` (tokens where the clipped error is the larger one), ``vpred_mean``.
     """
@@ -98,7 +102,7 @@ def value_loss(
         clipped = (v_clipped - returns) ** 2
         losses = torch.maximum(unclipped, clipped)
         clipfrac = masked_mean(torch.gt(clipped, unclipped).float(), mask)
-    loss = 0.5 * aggregate_loss(losses, mask, loss_agg_mode)
+    loss = 0.5 * aggregate_loss(losses, mask, loss_agg_mode, global_batch)
     with torch.no_grad():
         stats = {"vf_clipfrac": float(clipfrac), "vpred_mean": float(masked_mean(values, mask))}
     return loss, stats
