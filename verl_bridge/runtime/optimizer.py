@@ -47,35 +47,24 @@ class TorchOptimizer:
             for p in self.params:
                 p.grad = None
 
-    def _reduce_dp(self) -> None:
+    def _dp(self):
+        """``(dp_size, dp_group)``: the layout's (a placement's role group), else megatron's current one."""
         if self.layout is not None:
-            dp, group = self.layout.dp_size, self.layout.dp_group
-        else:  # built without a layout (a bare model in a test): the current DP group
-            from verl_bridge.distributed import data_parallel_group, data_parallel_world_size
+            return self.layout.dp_size, self.layout.dp_group
+        from verl_bridge.distributed import data_parallel_group, data_parallel_world_size
 
-            dp, group = data_parallel_world_size(), data_parallel_group()
-        if dp == 1:
-            return
-        grads = [p.grad for p in self.params if p.grad is not None]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=group)
-        flat /= dp
-        offset = 0
-        for g in grads:
-            n = g.numel()
-            g.copy_(flat[offset:offset + n].view_as(g))
-            offset += n
+        return data_parallel_world_size(), data_parallel_group()
 
     def grad_norm(self) -> float:
+        """Global L2 norm over TP and PP: megatron's rule, each parameter counted once (TP-sharded
+        ones on every TP rank, replicated ones on TP rank 0, the tied embedding on the first stage)."""
         from megatron.core import parallel_state as mpu
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
         dev = self.params[0].device if self.params else torch.device("cpu")
         sq = torch.zeros(1, dtype=torch.float64, device=dev)
         for p in self.params:
-            if p.grad is None:
+            if p.grad is None or getattr(p, "shared", False):  # megatron's param_is_not_shared
                 continue
             if param_is_not_tensor_parallel_duplicate(p):
                 sq += p.grad.detach().double().pow(2).sum()
@@ -84,7 +73,13 @@ class TorchOptimizer:
         return math.sqrt(sq.item())
 
     def step(self) -> tuple[bool, float]:
-        self._reduce_dp()
+        """Finalize gradients (:func:`~verl_bridge.runtime.grads.finalize_grads`: DP average, SP norms
+        over TP, tied embeddings over PP), clip, step. ``(False, norm)`` and no update when the
+        norm is not finite (inf / nan gradients): the caller counts the skipped step."""
+        from verl_bridge.runtime.grads import finalize_grads
+
+        dp, group = self._dp()
+        finalize_grads(self.model, self.params, dp_size=dp, dp_group=group)
         norm = self.grad_norm()
         if not math.isfinite(norm):
             self.zero_grad()
