@@ -1,15 +1,21 @@
-"""Optimizers for trainable roles.
+"""Optimizers for trainable roles; :func:`build_optimizer` picks one by device.
 
-:class:`TorchOptimizer` runs on CPU and CUDA: torch.optim.AdamW (fused on CUDA), DP gradient
-all-reduce, a TP/PP-aware global gradient norm (megatron's rule: count a parameter once unless it
-is TP-sharded) computed on the device with one host sync, clipping, and the step. With bf16/fp16
-parameters it keeps fp32 master weights and fp32 Adam state (what megatron's
-``Float16OptimizerWithFloat16Params`` does) and copies the result back into the model's
-parameters in place, so the rollout engine, which reads those tensors, sees every update.
+One interface: ``module`` (what the forward/backward schedule must run: gradients are collected
+through it), ``zero_grad()``, ``step() -> (ok, grad_norm)`` (``ok=False``: the step was skipped,
+e.g. inf/nan gradients, and the parameters did not move), ``state_dict()``, ``load_state_dict()``.
 
-Not wired yet: megatron-core's ``DistributedDataParallel`` + distributed optimizer (optimizer state
-sharded over DP). On one GPU it would change nothing; for multi-GPU memory it is the next step.
-Interface: ``zero_grad()``, ``step() -> (ok, grad_norm)``, ``state_dict()``, ``load_state_dict()``.
+* :class:`MegatronOptimizer` (CUDA, megatron models): megatron-core's ``DistributedDataParallel``
+  (contiguous gradient buffers, DP reduce-scatter) + ``get_megatron_optimizer`` with the
+  distributed optimizer (fp32 master weights and Adam state sharded over DP), as Megatron-LM's
+  ``setup_model_and_optimizer``. The model config gets megatron's ``finalize_model_grads`` (DP,
+  SP norms over TP, tied embeddings over PP), ``no_sync`` and the loss scaler, which megatron's
+  schedules call.
+* :class:`TorchOptimizer` (CPU, or a module that is not a megatron model): torch.optim.AdamW,
+  :func:`~verl_bridge.runtime.grads.finalize_grads` (the same three reductions), a TP/PP-aware
+  global gradient norm (megatron's rule: each parameter counted once), clipping, the step. With
+  bf16/fp16 parameters it keeps fp32 master weights and fp32 Adam state (what megatron's
+  ``Float16OptimizerWithFloat16Params`` does) and copies the result back into the model's
+  parameters in place, so the rollout engine, which reads those tensors, sees every update.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import torch.distributed as dist
 class TorchOptimizer:
     def __init__(self, model: torch.nn.Module, lr: float, weight_decay: float, betas, eps: float,
                  clip_grad: float, warmup_steps: int = 0, layout=None):
-        self.model = model
+        self.model = self.module = model
         self.layout = layout  # a ParallelLayout: its DP group averages the gradients (None: megatron's)
         self.params = [p for p in model.parameters() if p.requires_grad]
         # bf16 / fp16 parameters: optimise fp32 master copies, write the result back in place
@@ -119,7 +125,128 @@ class TorchOptimizer:
                     m.copy_(saved if saved is not None else p.float())
 
 
-def build_optimizer(model: torch.nn.Module, optim_cfg, layout=None) -> TorchOptimizer:
+def megatron_configs(model: torch.nn.Module, optim_cfg):
+    """``(OptimizerConfig, DistributedDataParallelConfig)`` for ``optim.<role>`` and the model's precision.
+
+    Adam with decoupled weight decay (AdamW; megatron exempts biases and norms, as
+    :class:`TorchOptimizer` does), fp32 master weights and gradient reduction for bf16/fp16
+    models, dynamic loss scaling for fp16, the distributed optimizer. ``clip_grad: 0`` turns
+    clipping off (megatron's rule too).
+    """
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+
+    from verl_bridge.compat import unwrap_model
+
+    mcfg = unwrap_model(model).config
+    bf16, fp16 = bool(getattr(mcfg, "bf16", False)), bool(getattr(mcfg, "fp16", False))
+    opt = OptimizerConfig(
+        optimizer="adam", lr=optim_cfg.lr, min_lr=optim_cfg.lr, weight_decay=optim_cfg.weight_decay,
+        adam_beta1=float(optim_cfg.betas[0]), adam_beta2=float(optim_cfg.betas[1]), adam_eps=optim_cfg.eps,
+        clip_grad=float(optim_cfg.clip_grad), bf16=bf16, fp16=fp16,
+        params_dtype=getattr(mcfg, "params_dtype", torch.float32), use_distributed_optimizer=True,
+    )
+    ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=bf16 or fp16, overlap_grad_reduce=False,
+                                        use_distributed_optimizer=True, check_for_nan_in_grad=False)
+    return opt, ddp
+
+
+def _leaves(optimizer) -> list:
+    return list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
+
+
+class MegatronOptimizer:
+    """megatron-core DDP + distributed optimizer behind the :class:`TorchOptimizer` interface (CUDA).
+
+    ``module`` is the DDP-wrapped model: the trainer runs megatron's schedule on it, and the
+    schedule calls ``finalize_model_grads`` on it after the last micro-batch's backward. The
+    wrapped model's parameters are the caller's (megatron re-points their storage into its
+    contiguous buffer), so the rollout engine keeps reading the weights it was given, and the
+    distributed optimizer all-gathers the updated shards into them at every step.
+    """
+
+    def __init__(self, model: torch.nn.Module, optim_cfg, warmup_steps: int = 0):
+        from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+        from megatron.core.optimizer import get_megatron_optimizer
+
+        from verl_bridge.compat import unwrap_model
+
+        opt_cfg, ddp_cfg = megatron_configs(model, optim_cfg)
+        mcfg = unwrap_model(model).config
+        self.model = model
+        self.module = DistributedDataParallel(config=mcfg, ddp_config=ddp_cfg, module=model)
+        self.optimizer = get_megatron_optimizer(opt_cfg, [self.module])
+        # what Megatron-LM's training.setup_model_and_optimizer / train() set for its schedules
+        mcfg.no_sync_func = self.module.no_sync
+        mcfg.finalize_model_grads_func = finalize_model_grads
+        mcfg.grad_scale_func = self.optimizer.scale_loss
+        self.base_lr = optim_cfg.lr
+        self.warmup_steps = warmup_steps
+        self.num_steps = 0
+
+    def zero_grad(self) -> None:
+        self.module.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+    def step(self) -> tuple[bool, float]:
+        """Gradients are already finalized (megatron's schedule called ``finalize_model_grads``)."""
+        if self.warmup_steps:
+            factor = min(1.0, (self.num_steps + 1) / self.warmup_steps)
+            for g in self.optimizer.param_groups:
+                g["lr"] = self.base_lr * factor
+        ok, norm, _zeros = self.optimizer.step()
+        if norm is None:  # clip_grad: 0 -> megatron does not compute it
+            norm = self.optimizer.get_grad_norm() if ok else float("nan")
+        if ok:
+            self.num_steps += 1
+        return bool(ok), float(norm)
+
+    def state_dict(self) -> dict:
+        """megatron's optimizer state plus the DP-sharded parameter state gathered to DP rank 0
+        (``get_parameter_state_dp_zero``, a collective over DP: every DP rank must call it)."""
+        param_state = [o.get_parameter_state_dp_zero() if hasattr(o, "get_parameter_state_dp_zero") else None
+                       for o in _leaves(self.optimizer)]
+        return {"megatron_optimizer": self.optimizer.state_dict(), "param_state": param_state,
+                "num_steps": self.num_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "megatron_optimizer" not in state:
+            raise ValueError("this checkpoint's optimizer state was written by the CPU optimizer (TorchOptimizer); "
+                             "a CUDA run uses megatron's distributed optimizer and cannot resume it: "
+                             "resume on the device that wrote it, or start with trainer.resume=never")
+        self.optimizer.load_state_dict(state["megatron_optimizer"])
+        for o, ps in zip(_leaves(self.optimizer), state.get("param_state") or []):
+            if ps is not None:
+                o.load_parameter_state_from_dp_zero(ps)
+        self.num_steps = state.get("num_steps", 0)
+
+
+def uses_megatron_optimizer(model: torch.nn.Module, layout=None) -> bool:
+    """CUDA parameters and a megatron-core model (a ``TransformerConfig``): megatron's DDP + optimizer.
+
+    Not when the role's DP group is not megatron's (roles on separate ranks, :mod:`verl_bridge.placement`:
+    megatron's DP groups then span ranks that never train): :class:`TorchOptimizer` reduces over the
+    role's own group.
+    """
+    from megatron.core import parallel_state as mpu
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from verl_bridge.compat import unwrap_model
+    from verl_bridge.distributed import data_parallel_group
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params or not params[0].is_cuda:
+        return False
+    group = layout.dp_group if layout is not None and layout.dp_group is not None else data_parallel_group()
+    if group is not mpu.get_data_parallel_group():
+        return False
+    return isinstance(getattr(unwrap_model(model), "config", None), TransformerConfig)
+
+
+def build_optimizer(model: torch.nn.Module, optim_cfg, layout=None):
+    """:class:`MegatronOptimizer` for a megatron model on CUDA, else :class:`TorchOptimizer`."""
+    if uses_megatron_optimizer(model, layout):
+        return MegatronOptimizer(model, optim_cfg, warmup_steps=optim_cfg.warmup_steps)
     return TorchOptimizer(
         model, lr=optim_cfg.lr, weight_decay=optim_cfg.weight_decay, betas=optim_cfg.betas,
         eps=optim_cfg.eps, clip_grad=optim_cfg.clip_grad, warmup_steps=optim_cfg.warmup_steps, layout=layout,
