@@ -8,7 +8,8 @@ What cannot run here, and how the tests stand in for it:
   ``torch.cuda.current_device()`` and its only SP-capable norms come from Transformer Engine or
   apex, so a full SP forward cannot run on CPU. The model is a real TP=2 ``GPTModel`` built with
   ``sequence_parallel=True``; its norms are torch RMSNorms that tag their parameters
-  ``sequence_parallel`` exactly as TENorm / FusedLayerNorm do (``_SPTaggedRMSNorm``, the one stand-in).
+  ``sequence_parallel`` exactly as TENorm / FusedLayerNorm do (``gpt_factory._SPTaggedRMSNorm``, the
+  one stand-in).
   Each TP rank then runs the model's own norm modules on ITS slice of a shared sequence, as SP
   does, and backpropagates: the partial gradients are real.
 - Tied embeddings with PP=2: megatron's pipeline schedules need CUDA, and
@@ -22,43 +23,7 @@ What cannot run here, and how the tests stand in for it:
 import torch
 
 from tests.dist_utils import run_distributed
-
-
-def _sp_tagged_norm():
-    class _SPTaggedRMSNorm:
-        def __new__(cls, config, hidden_size, eps=1e-5, **_):
-            norm = torch.nn.RMSNorm(hidden_size, eps=eps)
-            for p in norm.parameters():
-                p.sequence_parallel = config.sequence_parallel
-            return norm
-
-    return _SPTaggedRMSNorm
-
-
-def _gpt(tp, sequence_parallel=False, pre_process=True, post_process=True, tied=False, layers=2):
-    import torch.nn.functional as F
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    from verl_bridge.compat import make_cpu_safe
-    from verl_bridge.models.spec import get_portable_gpt_layer_spec
-    from verl_bridge.models.tiny import transformer_config_kwargs
-
-    layer = get_portable_gpt_layer_spec("RMSNorm")
-    spec = layer
-    if sequence_parallel:
-        norm = _sp_tagged_norm()
-        layer.submodules.input_layernorm = norm
-        layer.submodules.pre_mlp_layernorm = norm
-        spec = TransformerBlockSubmodules(layer_specs=[layer] * layers, layer_norm=norm)
-    config = TransformerConfig(
-        num_layers=layers, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, normalization="RMSNorm",
-        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, tensor_model_parallel_size=tp,
-        sequence_parallel=sequence_parallel, **transformer_config_kwargs("fp32"))
-    return make_cpu_safe(GPTModel(config=config, transformer_layer_spec=spec, vocab_size=64,
-                                  max_sequence_length=32, pre_process=pre_process, post_process=post_process,
-                                  position_embedding_type="rope", share_embeddings_and_output_weights=tied))
+from tests.runtime.gpt_factory import build_gpt
 
 
 def _norms(model):
@@ -84,7 +49,7 @@ def _sequence_parallel_step(rank, world_size):
 
     mpu.initialize_model_parallel(tensor_model_parallel_size=2)
     torch.manual_seed(1)
-    model = _gpt(tp=2, sequence_parallel=True)
+    model = build_gpt(tp=2, sequence_parallel=True)
     assert all(getattr(n.weight, "sequence_parallel", False) for n in _norms(model))
     # the full-sequence gradient a TP=1 run would compute, with the same norm modules
     _sp_backward(model, 0, 1)
@@ -128,7 +93,7 @@ def _tied_embedding_step(rank, world_size):
     mpu.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=2)
     first, last = rank == 0, rank == 1
     torch.manual_seed(2)
-    stage = _gpt(tp=1, pre_process=first, post_process=last, layers=2)
+    stage = build_gpt(tp=1, pre_process=first, post_process=last, layers=2)
     # what setup_embeddings_and_output_layer does for a tied model with PP > 1 (it needs CUDA):
     # mark the last stage's output weight as the shared copy and start it equal to the embedding
     stage.share_embeddings_and_output_weights = True

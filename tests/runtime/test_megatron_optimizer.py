@@ -32,10 +32,10 @@ def _configs(rank, world_size, precision):
     from verl_bridge.config.schema import OptimRole
     from verl_bridge.models.tiny import precision_kwargs
     from verl_bridge.runtime.optimizer import build_optimizer, megatron_configs, uses_megatron_optimizer
-    from tests.runtime.test_grad_finalization import _gpt
+    from tests.runtime.gpt_factory import build_gpt
 
     mpu.initialize_model_parallel(1, 1)
-    model = _gpt(1)
+    model = build_gpt(1)
     if precision != "fp32":
         for k, v in precision_kwargs(precision).items():
             setattr(model.config, k, v)

@@ -63,6 +63,7 @@ def tiny_model_provider(args, vocab_size: int, max_sequence_length: int, precisi
             position_embedding_type="rope",
             share_embeddings_and_output_weights=False,
         )
+        model.hf_vocab_size = vocab_size  # built unpadded: the samplers' and the trainer's vocabulary
         return make_cpu_safe(model)
 
     return model_provider

@@ -1,5 +1,8 @@
 """Make experience: what the update needs beyond the rollout, computed without gradients.
 
+Every forward here runs in eval mode (dropout off, as Megatron-LM / verl compute old log-probs and
+values); the update then trains in train mode. Log-probs are over the unpadded vocabulary.
+
     rollout Experience ─▶ actor forward  ─▶ old log-probs (+ entropy metric)
                        ─▶ critic forward ─▶ values                      (when there is a critic)
                        ─▶ reference fwd  ─▶ reference log-probs, KL     (when there is a reference)
@@ -15,23 +18,26 @@ import torch
 from verl_bridge import algorithms as A
 from verl_bridge.algorithms.registry import AlgorithmSpec
 from verl_bridge.runtime.batch import Experience
-from verl_bridge.runtime.forward import forward_micro_batches, response_logits, response_values
-from verl_bridge.runtime.logprobs import token_entropy, token_log_probs
+from verl_bridge.runtime.forward import eval_mode, forward_micro_batches, response_logits, response_values
+from verl_bridge.runtime.logprobs import token_entropy, token_log_probs, unpadded_vocab_size
 from verl_bridge.runtime.state import TrainerState
 
 
 def compute_log_probs(model, exp: Experience, *, pp_size: int, temperature: float, micro_batch_size: int,
                       with_entropy: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Per-token log-probs ``[B, R]`` of ``exp``'s responses under ``model`` (and the entropy when asked)."""
+    """Per-token log-probs ``[B, R]`` of ``exp``'s responses under ``model`` (and the entropy when asked),
+    in eval mode, over the model's unpadded vocabulary."""
+    vocab = unpadded_vocab_size(model)
+
     def loss_fn(mb, output):
-        logits = response_logits(output, mb, temperature)
+        logits = response_logits(output, mb, temperature, vocab)
         lp = token_log_probs(logits, mb.response_ids)
         out = {"log_probs": lp.detach()}
         if with_entropy:
             out["entropy"] = token_entropy(logits).detach()
         return torch.zeros(()), out
 
-    with torch.no_grad():
+    with torch.no_grad(), eval_mode(model):
         res = forward_micro_batches(model, exp.micro_batches(micro_batch_size), loss_fn, pp_size=pp_size,
                                     forward_only=True)
     lp = torch.cat([r["log_probs"] for r in res])
@@ -40,11 +46,11 @@ def compute_log_probs(model, exp: Experience, *, pp_size: int, temperature: floa
 
 
 def compute_values(critic, exp: Experience, *, pp_size: int, micro_batch_size: int) -> torch.Tensor:
-    """The critic's values ``[B, R]`` over ``exp``'s responses."""
+    """The critic's values ``[B, R]`` over ``exp``'s responses (eval mode)."""
     def loss_fn(mb, output):
         return torch.zeros(()), {"values": response_values(output, mb).detach()}
 
-    with torch.no_grad():
+    with torch.no_grad(), eval_mode(critic):
         res = forward_micro_batches(critic, exp.micro_batches(micro_batch_size), loss_fn, pp_size=pp_size,
                                     forward_only=True)
     return torch.cat([r["values"] for r in res])

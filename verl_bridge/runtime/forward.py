@@ -12,6 +12,7 @@ from functools import partial
 import torch
 
 from verl_bridge.runtime.batch import Experience, model_inputs, response_slice
+from verl_bridge.runtime.logprobs import mask_padded_vocab
 from verl_bridge.runtime.schedule import cpu_forward_backward_no_pipelining, get_forward_backward_func
 
 
@@ -32,11 +33,28 @@ def forward_micro_batches(model, batches: list[Experience], loss_fn, *, pp_size:
               forward_only=forward_only)
 
 
-def response_logits(output: torch.Tensor, mb: Experience, temperature: float) -> torch.Tensor:
-    """fp32 logits over ``mb``'s response tokens, divided by the sampling temperature (when not 0 or 1)."""
+def response_logits(output: torch.Tensor, mb: Experience, temperature: float, vocab_size=None) -> torch.Tensor:
+    """fp32 logits over ``mb``'s response tokens, divided by the sampling temperature (when not 0 or 1),
+    megatron's vocabulary padding (ids >= ``vocab_size``) masked out as the samplers do."""
     logits = response_slice(output, mb.prompt_len, mb.response_ids.shape[1])
     t = temperature
-    return logits.float() / t if t and t != 1.0 else logits.float()
+    logits = logits.float() / t if t and t != 1.0 else logits.float()
+    return mask_padded_vocab(logits, vocab_size)
+
+
+class eval_mode:
+    """``model.eval()`` inside the block (dropout off), the caller's mode restored after it."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def __enter__(self):
+        self.was_training = self.model.training
+        self.model.eval()
+        return self.model
+
+    def __exit__(self, *exc):
+        self.model.train(self.was_training)
 
 
 def response_values(output: torch.Tensor, mb: Experience) -> torch.Tensor:

@@ -34,7 +34,7 @@ from verl_bridge.distributed.layout import ParallelLayout
 from verl_bridge.rollout.producer import FunctionReward, RolloutProducer, rollout_seed
 from verl_bridge.runtime.batch import Experience
 from verl_bridge.runtime.experience import make_experience
-from verl_bridge.runtime.metrics import MetricsLogger, info
+from verl_bridge.runtime.metrics import MetricsLogger, info, warn
 from verl_bridge.runtime.roles import Roles
 from verl_bridge.runtime.state import TrainerState
 from verl_bridge.runtime.update import update
@@ -131,6 +131,12 @@ class MegatronTrainer:
                                "(e.g. {type: megatron, args: {preset: tiny}}), or use grpo, rloo or "
                                "reinforce_plus_plus")
         self.is_logger = dist.get_rank() == 0
+        if self.is_logger and cfg.data.num_rollout_workers != 1:
+            warn(f"data.num_rollout_workers={cfg.data.num_rollout_workers} has no effect: verl-bridge runs SPMD, "
+                 f"and the rollout workers are the {self.layout.dp_size} data-parallel rank(s), each generating "
+                 f"data.rollout_batch_size / dp = {cfg.data.rollout_batch_size // max(self.layout.dp_size, 1)} "
+                 "prompts per step with its own copy of the actor; set the number of ranks (and "
+                 "trainer.args.tp_size / pp_size) to change it")
         run_dir = cfg.trainer.output_dir
         if self.is_logger and run_dir:
             os.makedirs(run_dir, exist_ok=True)
@@ -217,6 +223,13 @@ class MegatronTrainer:
         return metrics
 
     # ------------------------------------------------------------------ loop
+    def _saves_checkpoints(self) -> bool:
+        """``trainer.output_dir`` is set and no separate reward group runs (it cannot save yet; the
+        validator refuses ``save_every`` with one, and the end of such a run is not saved either)."""
+        if not self.config.trainer.output_dir:
+            return False
+        return self.placement is None or getattr(self.placement, "roles", None) is None
+
     def train(self) -> list[dict]:
         """Run ``trainer.total_steps`` steps; returns the per-step metrics (also in metrics.jsonl)."""
         self.setup()
@@ -240,6 +253,8 @@ class MegatronTrainer:
                 e = self.evaluate(0)
                 self.history.append({"step": 0, **e})
                 self.logger.log(0, e)
+            first = state.step  # a resumed run starts after its checkpoint
+            every, saves = self.config.trainer.save_every, self._saves_checkpoints()
             while state.step < total:
                 state.step += 1
                 m = self.train_step(state.step)
@@ -251,9 +266,12 @@ class MegatronTrainer:
                                                  "lower optim.actor.lr")
                 self.history.append({"step": state.step, **m})
                 self.logger.log(state.step, m)
-                every = self.config.trainer.save_every
-                if self.config.trainer.output_dir and ((every and state.step % every == 0)):
+                if saves and every and state.step % every == 0:
                     save_trainer_checkpoint(state, state.step)
+            # trainer.save_every: 0 means "only at the end"; with N, the end is saved too when it is not
+            # a multiple of N (as Megatron-LM's train() does)
+            if saves and state.step > first and not (every and state.step % every == 0):
+                save_trainer_checkpoint(state, state.step)
         finally:
             self.logger.close()
             if self.placement is not None:
