@@ -72,20 +72,23 @@ def critic_loss(mb: Experience, output: torch.Tensor, *, config, global_batch=No
     return loss, {"critic_loss": float(loss.detach()), **st}
 
 
-def global_batch(mask: torch.Tensor, dp_size: int) -> A.GlobalBatch:
-    """This mini-batch's token and sequence counts summed over the DP group."""
+def global_batch(mask: torch.Tensor, dp_size: int, dp_group=None) -> A.GlobalBatch:
+    """This mini-batch's token and sequence counts summed over the DP group (``dp_group``; None:
+    the current one)."""
     gb = A.GlobalBatch.of(mask)
     if dp_size <= 1:
         return gb
-    from verl_bridge.parallel import data_parallel_group
+    if dp_group is None:
+        from verl_bridge.distributed import data_parallel_group
 
+        dp_group = data_parallel_group()
     t = torch.tensor([gb.tokens, gb.sequences], dtype=torch.float64, device=mask.device)
-    dist.all_reduce(t, group=data_parallel_group())
+    dist.all_reduce(t, group=dp_group)
     return A.GlobalBatch(float(t[0]), float(t[1]))
 
 
 def update_model(model, optimizer, exp: Experience, loss_fn, *, config, dp_size: int, pp_size: int,
-                 step: int) -> dict[str, float]:
+                 step: int, dp_group=None) -> dict[str, float]:
     """``ppo_epochs`` passes over ``exp`` in shuffled mini-batches; the mean of each stat, ``grad_norm``
     (mean over the steps taken) and ``skipped_steps``.
 
@@ -108,7 +111,7 @@ def update_model(model, optimizer, exp: Experience, loss_fn, *, config, dp_size:
         for start in range(0, exp.size, mini):
             part = exp.select(order[start:start + mini].to(exp.input_ids.device))
             micro = part.micro_batches(a.micro_batch_size)
-            share = partial(loss_fn, global_batch=global_batch(part.response_mask, dp_size),
+            share = partial(loss_fn, global_batch=global_batch(part.response_mask, dp_size, dp_group),
                             loss_scale=float(len(micro) * dp_size), vocab_size=vocab)
             optimizer.zero_grad()
             res = forward_micro_batches(module, micro, share, pp_size=pp_size, forward_only=False)
@@ -130,7 +133,8 @@ def update_model(model, optimizer, exp: Experience, loss_fn, *, config, dp_size:
 def update(exp: Experience, state: TrainerState, spec: AlgorithmSpec, step: int) -> dict[str, float]:
     """Update the actor, then the critic (when there is one); the step's update metrics."""
     cfg, roles = state.config, state.roles
-    sizes = dict(config=cfg, dp_size=state.layout.dp_size, pp_size=state.layout.pp_size, step=step)
+    sizes = dict(config=cfg, dp_size=state.layout.dp_size, pp_size=state.layout.pp_size, step=step,
+                 dp_group=state.layout.dp_group)
     metrics = update_model(roles.actor, roles.actor_optimizer, exp,
                            partial(actor_loss, config=cfg, spec=spec, kl_coef=state.kl_ctl.value), **sizes)
     if roles.critic is not None:
