@@ -180,6 +180,7 @@ class MegatronOptimizer:
         mcfg.no_sync_func = self.module.no_sync
         mcfg.finalize_model_grads_func = finalize_model_grads
         mcfg.grad_scale_func = self.optimizer.scale_loss
+        self.fp16 = opt_cfg.fp16
         self.base_lr = optim_cfg.lr
         self.warmup_steps = warmup_steps
         self.num_steps = 0
@@ -188,8 +189,28 @@ class MegatronOptimizer:
         self.module.zero_grad_buffer()
         self.optimizer.zero_grad()
 
+    def _grads_finite(self) -> bool:
+        """Whether every rank's reduced gradient buffers are finite (one MAX all-reduce).
+
+        megatron's optimizer only detects inf/nan with an fp16 loss scaler; for bf16/fp32 it would
+        step with them. This check lets bf16/fp32 skip such a step too, as :class:`TorchOptimizer` does.
+        """
+        # megatron's DDP keeps its _ParamAndGradBuffers in these list attributes (0.12-0.19)
+        lists = [getattr(self.module, name, None) for name in ("buffers", "expert_parallel_buffers")]
+        buffers = [b for bufs in lists if isinstance(bufs, (list, tuple)) for b in bufs]
+        bad = torch.zeros(1, device=torch.cuda.current_device())
+        for b in buffers:
+            bad = torch.maximum(bad, (~torch.isfinite(b.grad_data)).any().float())
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        return bool(bad.item() == 0)
+
     def step(self) -> tuple[bool, float]:
-        """Gradients are already finalized (megatron's schedule called ``finalize_model_grads``)."""
+        """Gradients are already finalized (megatron's schedule called ``finalize_model_grads``).
+        ``(False, nan)`` and nothing moves when they are not finite (fp16: megatron's loss scaler
+        decides, and lowers its scale)."""
+        if not self.fp16 and not self._grads_finite():
+            self.zero_grad()
+            return False, float("nan")
         if self.warmup_steps:
             factor = min(1.0, (self.num_steps + 1) / self.warmup_steps)
             for g in self.optimizer.param_groups:
