@@ -107,29 +107,41 @@ def _is_node_type(t) -> bool:
     return r
 
 
+# fields holding only formatting (whitespace, parentheses, commas, blank lines and comments): the
+# analysis never looks inside them, and skipping them halves the nodes of a file
+_FORMATTING = {"lpar", "rpar", "comma", "semicolon", "newline", "leading_lines", "lines_after_decorators", "header",
+               "footer", "trailing_whitespace", "equal", "colon", "dot"}
+
+
 def kids(node) -> tuple:
-    """The child nodes of *node* in source order, from its dataclass fields."""
+    """The child nodes of *node* in source order, from its dataclass fields (formatting left out)."""
     t = type(node)
     names = _FIELDS.get(t)
     if names is None:
-        names = [f.name for f in dataclasses.fields(node)]
+        names = [f.name for f in dataclasses.fields(node)
+                 if f.name not in _FORMATTING and not f.name.startswith("whitespace")]
         if "decorators" in names:  # decorators come first in the source
             names.remove("decorators")
             names.insert(0, "decorators")
-        if "leading_lines" in names:
-            names.remove("leading_lines")
-            names.insert(0, "leading_lines")
         names = _FIELDS[t] = tuple(names)
     out = []
+    known = _IS_NODE
     for name in names:
         v = getattr(node, name)
         tv = type(v)
         if tv is list or tv is tuple:
             for x in v:
-                if _is_node_type(type(x)):
+                r = known.get(type(x))
+                if r is None:
+                    r = _is_node_type(type(x))
+                if r:
                     out.append(x)
-        elif _is_node_type(tv):
-            out.append(v)
+        else:
+            r = known.get(tv)
+            if r is None:
+                r = _is_node_type(tv)
+            if r:
+                out.append(v)
     return tuple(out)
 
 

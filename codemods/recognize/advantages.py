@@ -137,6 +137,7 @@ class AdvantagesMixin:
             if not self._normalised_per_row(scope.node if scope is not None else self.p.module, names):
                 continue
             recv = call.func.value
+            self.group_call = call
             if isinstance(recv, cst.Name):
                 self.reward_exprs = [(e, scope) for e in self.p.assignments_of(recv.value, scope) if e is not None]
             return (self.p.ev(args[1], scope), self.p.line(call))

@@ -219,11 +219,9 @@ class KLMixin:
         """Names of the tensor whose groups are normalised into advantages (GRPO): the rewards."""
         if not hasattr(self, "_reward_names"):
             self._reward_names = set()
-            group = self.find_group_norm()
-            if group is not None:
-                for call, _scope in self.calls:
-                    if self.p.line(call) == group[1] and isinstance(call.func, cst.Attribute):
-                        self._reward_names.add(_code(call.func.value))
+            self.group_call = None
+            if self.find_group_norm() is not None and self.group_call is not None:
+                self._reward_names.add(_code(self.group_call.func.value))
         return self._reward_names
 
     def _coef_of(self, value, name):
