@@ -23,13 +23,16 @@ class RolloutBatch:
     """Prompts left-padded to a common length, responses right-padded.
 
     ``prompt_ids`` [B, P], ``prompt_mask`` [B, P] (1 = real token), ``response_ids`` [B, R],
-    ``response_mask`` [B, R] (1 = generated token, EOS included).
+    ``response_mask`` [B, R] (1 = generated token, EOS included). ``log_probs`` [B, R] (float32):
+    the engine's log-probability of each sampled token under the distribution it sampled from
+    (after temperature / top-k / top-p; 0 on padding), or ``None`` when the engine gives none.
     """
 
     prompt_ids: torch.Tensor
     prompt_mask: torch.Tensor
     response_ids: torch.Tensor
     response_mask: torch.Tensor
+    log_probs: Optional[torch.Tensor] = None
 
     @property
     def input_ids(self) -> torch.Tensor:

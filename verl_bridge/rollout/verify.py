@@ -146,7 +146,10 @@ def verify_sync(trainer_log_probs: torch.Tensor, engine_log_probs: torch.Tensor,
 
 # ---- probe batch and log-probs ------------------------------------------------------------
 
-def probe_input_ids(vocab_size: int, batch: int = 2, seq_len: int = 16, seed: int = 1234) -> torch.Tensor:
+PROBE_SEQ_LEN = 16  # tokens per probe sequence (an engine's context must hold them)
+
+
+def probe_input_ids(vocab_size: int, batch: int = 2, seq_len: int = PROBE_SEQ_LEN, seed: int = 1234) -> torch.Tensor:
     """A small fixed batch of token ids (the same on every rank and every step)."""
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab_size, (batch, seq_len), generator=g)

