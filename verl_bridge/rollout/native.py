@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from verl_bridge.config.schema import DECODE_PATHS
 from verl_bridge.rollout.base import RolloutBatch, SamplingParams, left_pad
-from verl_bridge.rollout.sampling import sample_next
+from verl_bridge.rollout.sampling import sample_next, sampled_log_probs
 from verl_bridge.runtime.batch import model_inputs
 
 
@@ -115,6 +115,7 @@ class NativeEngine:
 
         response = torch.full((bsz, params.max_new_tokens), params.pad_token_id, dtype=torch.long, device=dev)
         resp_mask = torch.zeros((bsz, params.max_new_tokens), dtype=torch.long, device=dev)
+        resp_lp = torch.zeros((bsz, params.max_new_tokens), dtype=torch.float32, device=dev)
         done = torch.zeros(bsz, dtype=torch.bool, device=dev)
         for t in range(params.max_new_tokens):
             full = logits[:, -1, :]  # megatron gathers TP logits in inference mode
@@ -123,9 +124,11 @@ class NativeEngine:
             tok = sample_next(full, params.temperature, params.top_p, params.top_k, generator=gen)
             if tp_size > 1:
                 dist.broadcast(tok, src=src, group=tp_group)
+            lp = sampled_log_probs(full, tok, params.temperature, params.top_p, params.top_k)
             tok = torch.where(done, torch.full_like(tok, params.pad_token_id), tok)
             response[:, t] = tok
             resp_mask[:, t] = (~done).long()
+            resp_lp[:, t] = torch.where(done, torch.zeros_like(lp), lp)
             if params.eos_token_id is not None:
                 done = done | (tok == params.eos_token_id)
             if bool(done.all()) or t == params.max_new_tokens - 1:
@@ -139,4 +142,4 @@ class NativeEngine:
             ctx.sequence_len_offset += 1
         if was_training:
             model.train()
-        return RolloutBatch(prompt_ids, prompt_mask, response, resp_mask)
+        return RolloutBatch(prompt_ids, prompt_mask, response, resp_mask, log_probs=resp_lp)

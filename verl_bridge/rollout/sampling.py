@@ -26,3 +26,11 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, top_k: i
         return logits.argmax(dim=-1)
     probs = torch.softmax(filter_logits(logits, temperature, top_p, top_k), dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def sampled_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, top_p: float,
+                      top_k: int) -> torch.Tensor:
+    """log-probability [B] of ``tokens`` under the distribution :func:`sample_next` draws from
+    (``logits / T`` after top-k / top-p, renormalised; greedy ``T == 0``: the plain softmax)."""
+    z = logits.float() if temperature == 0 else filter_logits(logits, temperature, top_p, top_k)
+    return torch.log_softmax(z, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

