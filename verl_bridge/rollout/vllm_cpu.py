@@ -89,6 +89,9 @@ def init_cpu_parallel(tp_size: int = 1) -> None:
         method = f"tcp://127.0.0.1:{free_port()}"
     if world % tp_size:
         raise ValueError(f"vLLM tp_size={tp_size} does not divide the world size {world}")
+    # vLLM's CPU communicator names its shared-memory groups after this (its CPU worker sets it
+    # from the init method); the same on every rank of the world, distinct between worlds
+    os.environ.setdefault("VLLM_DIST_IDENT", os.environ.get("MASTER_PORT") or method.rsplit(":", 1)[-1])
     if vps.model_parallel_is_initialized():
         if vps.get_tensor_model_parallel_world_size() == tp_size:
             return

@@ -534,12 +534,20 @@ class VllmEngine:
 
 # ---- where vLLM's model config comes from ------------------------------------------------
 
+def _rotary_base(model) -> float:
+    """RoPE base of a megatron GPTModel: ``inv_freq[1] = base ** (-2 / dim)`` (10000 when it has none)."""
+    inv = getattr(getattr(model, "rotary_pos_emb", None), "inv_freq", None)
+    if inv is None or inv.numel() < 2:
+        return 10000.0
+    return float(round(float(inv[1].double() ** (-inv.numel()))))
+
+
 def hf_config_for_actor(actor, vocab_size: int) -> dict:
     """An HF ``config.json`` dict describing a megatron-core actor that has no HF directory (the
     ``tiny`` preset, a user's ``model_provider``): the detected architecture's own config writer
     (:mod:`verl_bridge.arch`) fed from the model's ``TransformerConfig``. vLLM reads only this
     (``load_format="dummy"``); the weights arrive through the exporter."""
-    from verl_bridge.arch.registry import _features_of, detect_architecture, get_arch
+    from verl_bridge.arch.registry import detect_architecture, get_arch
     from verl_bridge.compat import unwrap_model
     from verl_bridge.rollout.verify import PROBE_SEQ_LEN
 
@@ -554,7 +562,7 @@ def hf_config_for_actor(actor, vocab_size: int) -> dict:
     desc = dict(num_layers=c.num_layers, hidden_size=c.hidden_size, num_attention_heads=heads,
                 num_query_groups=c.num_query_groups or heads, head_dim=c.kv_channels or c.hidden_size // heads,
                 ffn_hidden_size=c.ffn_hidden_size, vocab_size=int(vocab_size), max_position_embeddings=max(int(max_pos or 0), PROBE_SEQ_LEN + 1),
-                norm_eps=float(c.layernorm_epsilon), rotary_base=float(_features_of(model).get("rotary_base", 10000.0)),
+                norm_eps=float(c.layernorm_epsilon), rotary_base=_rotary_base(model),
                 tie_embeddings=bool(model.share_embeddings_and_output_weights),
                 torch_dtype=_DTYPES.get(_param_dtype(actor), "float32"))
     return spec.hf_config(desc)
