@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     from verl_bridge.arch import hf_model_provider
     from verl_bridge.config.schema import RolloutConfig
     from verl_bridge.models.tiny import precision_kwargs
-    from verl_bridge.parallel import init_model_parallel, seed_everything
+    from verl_bridge.distributed import init_model_parallel, seed_everything
     from verl_bridge.rollout.base import SamplingParams
     from verl_bridge.rollout.native import NativeEngine
     from verl_bridge.rollout.verify import megatron_log_probs

@@ -111,7 +111,7 @@ def _tiny_actor(hidden=128, heads=2, vocab=16, max_len=20):
     from types import SimpleNamespace as NS
 
     from verl_bridge.models.tiny import tiny_model_provider
-    from verl_bridge.parallel import init_model_parallel
+    from verl_bridge.distributed import init_model_parallel
 
     init_model_parallel(1, 1)
     args = NS(num_layers=2, hidden_size=hidden, num_attention_heads=heads, num_query_groups=None, ffn_hidden_size=None)

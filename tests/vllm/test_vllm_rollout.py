@@ -59,7 +59,7 @@ def _rollout_world(rank, world_size, train_tp, rollout_tp):
     from vllm.distributed import parallel_state as vps
 
     from verl_bridge.config.schema import RolloutConfig
-    from verl_bridge.parallel import init_model_parallel, seed_everything
+    from verl_bridge.distributed import init_model_parallel, seed_everything
     from verl_bridge.rollout import vllm_engine as ve
     from verl_bridge.rollout.base import SamplingParams
     from verl_bridge.rollout.verify import SyncVerificationError, megatron_log_probs, probe_input_ids

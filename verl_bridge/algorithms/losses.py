@@ -29,6 +29,7 @@ def ppo_policy_loss(
     dual_clip_c: float | None = None,
     loss_agg_mode: str = "token-mean",
     global_batch: GlobalBatch | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347), optionally dual-clipped.
 
@@ -46,6 +47,8 @@ def ppo_policy_loss(
     ``pg_clipfrac_lower`` (tokens where the dual clip bound is active; 0 without dual clip).
     ``global_batch``: see :func:`~verl_bridge.algorithms.core.aggregate_loss` (the loss is then
     this micro-batch's share of the mini-batch's loss).
+    ``token_weights`` ``[B, T]`` (no gradient) multiply each token's loss before aggregation
+    (truncated importance sampling, as verl's ``rollout_is_weights``).
     """
     if dual_clip_c is not None and dual_clip_c <= 1.0:
         raise ValueError(f"dual_clip_c must be > 1 (the ratio bound for negative advantages), got {dual_clip_c}")
@@ -64,6 +67,8 @@ def ppo_policy_loss(
         negative = advantages < 0
         clipfrac_lower = masked_mean((torch.gt(losses, bound) & negative).float(), mask)
         losses = torch.where(negative, torch.minimum(losses, bound), losses)
+    if token_weights is not None:  # e.g. truncated importance weights (algorithms/rollout_correction.py)
+        losses = losses * token_weights.detach()
     loss = aggregate_loss(losses, mask, loss_agg_mode, global_batch)
     with torch.no_grad():
         stats = {

@@ -24,9 +24,6 @@ import torch
 from verl_bridge.algorithms.core import masked_mean
 from verl_bridge.algorithms.losses import kl_k3
 
-CORRECTION_TYPES = ("tis",)
-
-
 def rollout_mismatch(rollout_log_probs: torch.Tensor, train_log_probs: torch.Tensor,
                      mask: torch.Tensor) -> dict[str, float]:
     """``mismatch/logprob_abs_mean`` and ``mismatch/kl_k3`` over the tokens where ``mask`` is 1."""
@@ -50,4 +47,4 @@ def tis_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, ca
     return torch.clamp(torch.exp(log_ratio), max=float(cap))
 
 
-__all__ = ["CORRECTION_TYPES", "rollout_mismatch", "tis_weights"]
+__all__ = ["rollout_mismatch", "tis_weights"]

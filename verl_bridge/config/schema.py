@@ -16,6 +16,7 @@ from typing import Any, Optional
 ENGINES = ("native", "vllm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 KL_PLACEMENTS = ("reward", "loss")
+ROLLOUT_CORRECTIONS = ("tis",)
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 ACTOR_TYPES = ("megatron",)
 CRITIC_TYPES = ("megatron", "huggingface")
@@ -114,6 +115,12 @@ class KLConfig:
 
 
 @dataclass(kw_only=True)
+class RolloutCorrectionConfig:
+    type: str = "tis"
+    cap: float = 2.0
+
+
+@dataclass(kw_only=True)
 class AlgorithmConfig:
     name: str = "ppo"
     gamma: float = 1.0
@@ -133,6 +140,9 @@ class AlgorithmConfig:
     whiten_advantages: bool = True
     norm_adv_by_std: bool = True  # grpo only
     loss_agg_mode: str = "token-mean"
+    # off (None) by default; {type: tis, cap: 2.0}: truncated importance sampling of each token's
+    # policy-gradient loss by min(exp(old log-prob - rollout log-prob), cap) (algorithms/rollout_correction.py)
+    rollout_correction: Optional[RolloutCorrectionConfig] = None
 
 
 @dataclass(kw_only=True)

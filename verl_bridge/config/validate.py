@@ -140,6 +140,9 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
     _choice(p, "algorithm.loss_agg_mode", a.loss_agg_mode, S.LOSS_AGG_MODES)
     _choice(p, "algorithm.kl.estimator", a.kl.estimator, S.KL_ESTIMATORS)
     _choice(p, "algorithm.kl.placement", a.kl.placement, spec.kl_placements if spec else S.KL_PLACEMENTS)
+    if a.rollout_correction is not None:
+        _choice(p, "algorithm.rollout_correction.type", a.rollout_correction.type, S.ROLLOUT_CORRECTIONS)
+        _range(p, "algorithm.rollout_correction.cap", a.rollout_correction.cap, lo=0.0, lo_open=True)
     _range(p, "algorithm.kl.coef", a.kl.coef, lo=0.0)
     _range(p, "algorithm.kl.target", a.kl.target, lo=0.0, lo_open=True)
     _range(p, "algorithm.kl.horizon", a.kl.horizon, lo=1)

@@ -44,6 +44,8 @@ def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         prompt_mask=torch.cat([pad(b.prompt_mask, plen, True, 0) for b in batches]),
         response_ids=torch.cat([pad(b.response_ids, rlen, False, pad_id) for b in batches]),
         response_mask=torch.cat([pad(b.response_mask, rlen, False, 0) for b in batches]),
+        log_probs=(torch.cat([pad(b.log_probs, rlen, False, 0.0) for b in batches])
+                   if all(b.log_probs is not None for b in batches) else None),
     )
 
 

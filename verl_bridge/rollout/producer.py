@@ -99,8 +99,11 @@ class RolloutProducer:
         """The training rollout: an :class:`Experience` with fp32 scores on the trainer's device."""
         t = self.rollout.temperature if temperature is None else temperature
         batch, scores = self.generate(prompts, truths, temperature=t, seed=seed)
-        return Experience(
+        exp = Experience(
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, prompt_len=batch.prompt_ids.shape[1],
             response_ids=batch.response_ids, response_mask=batch.response_mask.float(),
             scores=scores.to(device=self.device, dtype=torch.float32),
         )
+        if batch.log_probs is not None:  # the engine's log-probs of its samples: mismatch metrics, TIS
+            exp.tensors["rollout_log_probs"] = batch.log_probs.to(device=self.device, dtype=torch.float32)
+        return exp

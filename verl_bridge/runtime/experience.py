@@ -3,7 +3,8 @@
 Every forward here runs in eval mode (dropout off, as Megatron-LM / verl compute old log-probs and
 values); the update then trains in train mode. Log-probs are over the unpadded vocabulary.
 
-    rollout Experience ─▶ actor forward  ─▶ old log-probs (+ entropy metric)
+    rollout Experience ─▶ actor forward  ─▶ old log-probs (+ entropy metric, + the rollout-training
+                                           mismatch when the engine returned its log-probs)
                        ─▶ critic forward ─▶ values                      (when there is a critic)
                        ─▶ reference fwd  ─▶ reference log-probs, KL     (when there is a reference)
     scores (+ KL in the reward) ─▶ token rewards ─▶ advantages, returns (the algorithm's estimator)
@@ -17,6 +18,7 @@ import torch
 
 from verl_bridge import algorithms as A
 from verl_bridge.algorithms.registry import AlgorithmSpec
+from verl_bridge.algorithms.rollout_correction import rollout_mismatch
 from verl_bridge.runtime.batch import Experience
 from verl_bridge.runtime.forward import eval_mode, forward_micro_batches, response_logits, response_values
 from verl_bridge.runtime.logprobs import token_entropy, token_log_probs, unpadded_vocab_size
@@ -65,6 +67,8 @@ def make_experience(exp: Experience, state: TrainerState, spec: AlgorithmSpec) -
                                         with_entropy=True)
     exp.tensors["old_log_probs"] = old_lp
     stats: dict[str, float] = {"entropy": float(A.masked_mean(entropy, mask))}
+    if "rollout_log_probs" in exp.tensors:  # how far the engine that sampled is from the trainer
+        stats.update(rollout_mismatch(exp.tensors["rollout_log_probs"], old_lp, mask))
     if roles.critic is not None:
         exp.tensors["values"] = compute_values(roles.critic, exp, pp_size=pp, micro_batch_size=mbs)
     coef = state.kl_ctl.value

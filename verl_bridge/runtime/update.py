@@ -5,7 +5,9 @@ a mini-batch is ``algorithm.mini_batch_size / dp`` samples on each rank, split i
 of ``algorithm.micro_batch_size`` that megatron's schedule accumulates before one optimizer step
 (gradient clipping inside the optimizer). Losses:
 
-* actor: the algorithm's policy loss (:data:`verl_bridge.algorithms.POLICY_LOSSES`), minus
+* actor: the algorithm's policy loss (:data:`verl_bridge.algorithms.POLICY_LOSSES`; each token's
+  term weighted by ``min(exp(old - rollout log-prob), cap)`` with ``algorithm.rollout_correction:
+  {type: tis, cap}``), minus
   ``entropy_coef`` x entropy, plus ``kl.coef`` x KL when ``algorithm.kl.placement`` is ``loss``;
 * critic: ``vf_coef`` x the clipped value loss.
 
@@ -30,6 +32,7 @@ import torch.distributed as dist
 
 from verl_bridge import algorithms as A
 from verl_bridge.algorithms.registry import AlgorithmSpec
+from verl_bridge.algorithms.rollout_correction import tis_weights
 from verl_bridge.runtime.batch import Experience
 from verl_bridge.runtime.forward import forward_micro_batches, response_logits, response_values
 from verl_bridge.runtime.logprobs import token_entropy, token_log_probs, unpadded_vocab_size
@@ -46,10 +49,16 @@ def actor_loss(mb: Experience, output: torch.Tensor, *, config, spec: AlgorithmS
     lp = token_log_probs(logits, mb.response_ids)
     low = a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio
     high = a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio
+    extra, tis = {}, {}
+    if a.rollout_correction is not None:  # truncated IS: the samples came from the rollout engine's policy
+        w = rollout_correction_weights(mb, a.rollout_correction.cap)
+        extra["token_weights"] = w
+        tis = {"tis/weight_mean": float(A.masked_mean(w, mask)),
+               "tis/capped_frac": float(A.masked_mean((w >= a.rollout_correction.cap).float(), mask))}
     pg_loss, st = A.POLICY_LOSSES[spec.policy_loss](lp, mb.tensors["old_log_probs"], mb.tensors["advantages"], mask,
                                                     clip_ratio_low=low, clip_ratio_high=high,
                                                     dual_clip_c=a.dual_clip_c, loss_agg_mode=a.loss_agg_mode,
-                                                    global_batch=global_batch)
+                                                    global_batch=global_batch, **extra)
     loss = pg_loss
     if a.entropy_coef > 0:
         ent = token_entropy(logits)
@@ -58,7 +67,16 @@ def actor_loss(mb: Experience, output: torch.Tensor, *, config, spec: AlgorithmS
         kl = A.kl_penalty(lp, mb.tensors["ref_log_probs"], a.kl.estimator)
         loss = loss + kl_coef * A.aggregate_loss(kl, mask, a.loss_agg_mode, global_batch)
     loss, pg_loss = loss * loss_scale, pg_loss.detach() * loss_scale
-    return loss, {"actor_loss": float(loss.detach()), "pg_loss": float(pg_loss), **st}
+    return loss, {"actor_loss": float(loss.detach()), "pg_loss": float(pg_loss), **st, **tis}
+
+
+def rollout_correction_weights(mb: Experience, cap: float) -> torch.Tensor:
+    """Per-token TIS weights ``min(exp(old - rollout), cap)`` of a micro-batch (needs the engine's log-probs)."""
+    if "rollout_log_probs" not in mb.tensors:
+        raise RuntimeError("algorithm.rollout_correction needs the rollout engine's log-probs of its samples, and "
+                           "this engine returned none; remove algorithm.rollout_correction or use rollout.engine "
+                           "native or vllm (both return them)")
+    return tis_weights(mb.tensors["old_log_probs"], mb.tensors["rollout_log_probs"], cap)
 
 
 def critic_loss(mb: Experience, output: torch.Tensor, *, config, global_batch=None, loss_scale: float = 1.0,
