@@ -1,5 +1,6 @@
 """Config contract: the seed YAML loads as written, overrides, and every problem is listed at once."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -115,6 +116,13 @@ def test_every_template_loads_validates_and_documents_itself(template, tmp_path)
                      f"model.critic.args.model_name_or_path={tmp_path / 'm'}",
                      f"data.train_files={tmp_path / 'prompts.jsonl'}"]
         world = 4
+    if "vllm" in template.name and importlib.util.find_spec("vllm") is None:
+        # rollout.engine: vllm without vLLM here: that is the one problem (the vLLM tier runs it)
+        with pytest.raises(ConfigError) as e:
+            load_config(template, overrides, world_size=world)
+        assert "(1 problem)" in str(e.value) and "rollout.engine='vllm': vLLM is not installed" in str(e.value)
+        load_config(template, overrides, world_size=world, check_paths=False)
+        return
     load_config(template, overrides, world_size=world)
 
 
