@@ -121,6 +121,43 @@ def test_actor_tp2_generates_with_vllm_and_verifies_every_sync(rollout_tp):
     assert ranks[0]["responses"] == ranks[1]["responses"]
 
 
+def _tied_world(rank, world_size, hf_dir):
+    """A Qwen2 with tied embeddings (model_name_or_path): vLLM never loads a tied lm_head by name."""
+    from types import SimpleNamespace as NS
+
+    from verl_bridge.arch import hf_model_provider
+    from verl_bridge.config.schema import RolloutConfig
+    from verl_bridge.distributed import init_model_parallel
+    from verl_bridge.rollout import vllm_engine as ve
+
+    layout = init_model_parallel(1, 1)
+    actor = hf_model_provider(hf_dir)(True, True)
+    cfg = NS(model=NS(actor=NS(args=NS(model_name_or_path=hf_dir))), trainer=NS(seed=1),
+             rollout=RolloutConfig(engine="vllm", bucket_mb=1), data=NS(max_prompt_length=P, max_response_length=R))
+    engine = ve.build_vllm_engine(cfg, actor, layout)
+    first = engine.last_report.max_abs_diff
+    with torch.no_grad():
+        for p in actor.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(5)))
+    engine.sync_weights()
+    return first, engine.last_report.max_abs_diff
+
+
+@pytest.mark.slow
+def test_tied_embeddings_reach_vllms_lm_head(tmp_path):
+    """On the CPU vLLM computes logits through a packed copy of the LM head; a tied head is never
+    loaded by name, so without the adapter's refresh it kept its dummy weights (probe diff 0.85)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                      tie_word_embeddings=True)
+    Qwen2ForCausalLM(cfg).save_pretrained(tmp_path)
+    first, second = run_distributed(_tied_world, 1, str(tmp_path), timeout=400)[0]
+    assert first < 1e-3 and second < 1e-3, (first, second)
+
+
 def _verl_bridge() -> str:
     exe = Path(sys.executable).parent / "verl-bridge"
     return str(exe) if exe.exists() else "verl-bridge"

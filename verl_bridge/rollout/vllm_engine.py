@@ -250,6 +250,33 @@ def _rpc_load_weights(worker, bucket) -> list[str]:
     return sorted(model.load_weights(iter(bucket)) or ())
 
 
+def _rpc_refresh_tied(worker) -> list[str]:
+    """Runs on the vLLM worker after a sync: re-run the weight post-processing of unquantized
+    embedding-style modules whose weight is tied to another module's (a tied LM head). vLLM never
+    loads a tied ``lm_head.weight`` by name, so its layerwise reload never re-processes that module,
+    and on the CPU the packed GEMM handle it computes logits with would keep the previous weights
+    (the sync probe caught exactly that: max |log-prob diff| 0.85 on a tied Qwen2). Returns the
+    refreshed module names."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    model = worker.model_runner.get_model() if hasattr(worker.model_runner, "get_model") else worker.model_runner.model
+    owners: dict[int, list] = {}
+    for name, mod in model.named_modules(remove_duplicate=False):
+        w = mod._parameters.get("weight") if hasattr(mod, "_parameters") else None
+        if w is not None:
+            owners.setdefault(id(w), []).append((name, mod))
+    refreshed = []
+    for mods in owners.values():
+        if len(mods) < 2:
+            continue
+        for name, mod in mods:
+            method = getattr(mod, "quant_method", None)
+            if isinstance(method, UnquantizedEmbeddingMethod):
+                method.process_weights_after_loading(mod)
+                refreshed.append(name)
+    return refreshed
+
+
 def _rpc_unloaded_params(worker, loaded: Optional[list] = None) -> list[str]:
     """Runs on the vLLM worker: its parameters that the last sync did not load (``loaded`` given
     for the collective_rpc path; the transfer backend keeps its own record)."""
@@ -417,6 +444,7 @@ class VllmEngine:
                 for names in self.llm.collective_rpc(_rpc_load_weights, args=(bucket,)):
                     loaded |= set(names)
             unloaded = self.llm.collective_rpc(_rpc_unloaded_params, args=(sorted(loaded),))
+        self.llm.collective_rpc(_rpc_refresh_tied)
         self.export_stats = exporter.stats
         missing = sorted({n for per_worker in unloaded for n in per_worker})
         if missing:  # a parameter left at its dummy init would generate garbage silently
