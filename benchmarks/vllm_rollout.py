@@ -21,6 +21,7 @@ sequences). ``ratio`` = vLLM tokens/s / native tokens/s.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -42,6 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=32)
     args = ap.parse_args(argv)
     B, P, R = args.batch, args.prompt_len, args.new_tokens
+    load = round(os.getloadavg()[0], 2)  # the CPU numbers depend on what else runs
     dev = C.device()
     dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
 
@@ -102,7 +104,7 @@ def main(argv=None) -> int:
                   "hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "vocab_size")),
               "batch": B, "prompt_len": P, "new_tokens": R, "dtype": str(dtype).replace("torch.", ""),
               "sampling": "temperature 1.0, no top-k/top-p", "vllm": vllm.__version__,
-              "threads": torch.get_num_threads(),
+              "threads": torch.get_num_threads(), "load_average_1m_at_start": load,
               "ratio_definition": "vLLM generate tokens/s / native engine generate tokens/s (same actor weights)"}
     C.write_result("vllm_rollout", dev, config, results, baseline, ratio)
     engine.close()
