@@ -262,7 +262,7 @@ def _rpc_refresh_tied(worker) -> list[str]:
     model = worker.model_runner.get_model() if hasattr(worker.model_runner, "get_model") else worker.model_runner.model
     owners: dict[int, list] = {}
     for name, mod in model.named_modules(remove_duplicate=False):
-        w = mod._parameters.get("weight") if hasattr(mod, "_parameters") else None
+        w = dict(mod.named_parameters(recurse=False)).get("weight")
         if w is not None:
             owners.setdefault(id(w), []).append((name, mod))
     refreshed = []
