@@ -27,12 +27,14 @@ from verl_bridge.algorithms.losses import kl_k3
 def rollout_mismatch(rollout_log_probs: torch.Tensor, train_log_probs: torch.Tensor,
                      mask: torch.Tensor) -> dict[str, float]:
     """``mismatch/logprob_abs_mean`` and ``mismatch/kl_k3`` over the tokens where ``mask`` is 1."""
-    rollout = rollout_log_probs.detach().float()
-    train = train_log_probs.detach().float()
+    rollout = rollout_log_probs.detach().double()
+    train = train_log_probs.detach().double()
+    # k3 of KL(rollout || train): kl_k3(log_prob=sampling policy, ref_log_prob=other policy); >= 0 in
+    # exact arithmetic, so the rounding of exp(d) - 1 - d for d ~ 1e-7 is clamped away
+    k3 = kl_k3(rollout, train).clamp(min=0.0)
     return {
-        "mismatch/logprob_abs_mean": float(masked_mean((rollout - train).abs(), mask)),
-        # k3 of KL(rollout || train): kl_k3(log_prob=sampling policy, ref_log_prob=other policy)
-        "mismatch/kl_k3": float(masked_mean(kl_k3(rollout, train), mask)),
+        "mismatch/logprob_abs_mean": float(masked_mean((rollout - train).abs(), mask.double())),
+        "mismatch/kl_k3": float(masked_mean(k3, mask.double())),
     }
 
 
