@@ -81,3 +81,42 @@ def _non_finite_step(rank, world_size):
 def test_torch_optimizer_skips_non_finite_steps_without_moving():
     ok, norm, unchanged, steps = run_distributed(_non_finite_step, 1)[0]
     assert not ok and not (norm < float("inf")) and unchanged and steps == 0
+
+
+class _DistOptLeaf:
+    """The parts of megatron's DistributedOptimizer (CUDA-only to build) that its real
+    ``_set_main_param_and_optimizer_states`` reads; ``load_parameter_state_from_dp_zero`` hands it
+    one parameter's checkpoint tensors, as megatron's does after its scatter over DP."""
+
+    def __init__(self, model_param, torch_optimizer):
+        from megatron.core.optimizer import OptimizerConfig
+
+        self.optimizer = torch_optimizer
+        self.config = OptimizerConfig()
+        self.model_param_group_index_map = {model_param: (0, 0)}
+        self.model_param = model_param
+
+    @torch.no_grad()  # as megatron's load_parameter_state_from_dp_zero
+    def load_parameter_state_from_dp_zero(self, tensors):
+        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+        DistributedOptimizer._set_main_param_and_optimizer_states(self, self.model_param, tensors)
+
+
+def test_param_state_load_holds_torch_adams_step_aside():
+    from verl_bridge.runtime.optimizer import load_param_state_dp_zero
+
+    model_param, main_param = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(4))
+    adam = torch.optim.Adam([main_param])
+    main_param.grad = torch.ones(4)
+    adam.step()  # torch's Adam state: step (a tensor), exp_avg, exp_avg_sq
+    leaf = _DistOptLeaf(model_param, adam)
+    saved = {"param": torch.full((4,), 2.0), "exp_avg": torch.full((4,), 3.0), "exp_avg_sq": torch.full((4,), 4.0)}
+    with pytest.raises(KeyError, match="step"):  # megatron's own load, as it fails on the H200
+        leaf.load_parameter_state_from_dp_zero(saved)
+    step = adam.state[main_param]["step"]
+    load_param_state_dp_zero(leaf, saved)
+    assert torch.equal(main_param.detach(), saved["param"])
+    assert torch.equal(adam.state[main_param]["exp_avg"], saved["exp_avg"])
+    assert torch.equal(adam.state[main_param]["exp_avg_sq"], saved["exp_avg_sq"])
+    assert adam.state[main_param]["step"] is step and float(step) == 1.0

@@ -155,6 +155,31 @@ def _leaves(optimizer) -> list:
     return list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
 
 
+def load_param_state_dp_zero(leaf, param_state) -> None:
+    """``leaf.load_parameter_state_from_dp_zero(param_state)`` with torch's Adam inside (no apex / TE).
+
+    megatron-core 0.12-0.19 ``DistributedOptimizer._set_main_param_and_optimizer_states`` copies every
+    tensor of the inner optimizer's per-parameter state from the checkpoint's tensors, which hold
+    ``param``, ``exp_avg`` and ``exp_avg_sq`` only. torch's Adam also keeps ``step`` there as a
+    tensor (apex's / TE's FusedAdam keep it in the param groups), so the load raises
+    ``KeyError: 'step'`` (seen on the H200, megatron-core 0.19.2). The step tensors are held aside
+    for the call and put back: megatron's ``load_state_dict`` has already set them from the param
+    groups. Acts on this optimizer's state only.
+    """
+    inner = getattr(leaf, "optimizer", None)
+    state = getattr(inner, "state", None)
+    held = {}
+    if isinstance(state, dict) or hasattr(state, "items"):
+        for param, st in list(state.items()):
+            if isinstance(st, dict) and isinstance(st.get("step"), torch.Tensor):
+                held[param] = st.pop("step")
+    try:
+        leaf.load_parameter_state_from_dp_zero(param_state)
+    finally:
+        for param, step in held.items():
+            state[param]["step"] = step
+
+
 class MegatronOptimizer:
     """megatron-core DDP + distributed optimizer behind the :class:`TorchOptimizer` interface (CUDA).
 
@@ -238,7 +263,7 @@ class MegatronOptimizer:
         self.optimizer.load_state_dict(state["megatron_optimizer"])
         for o, ps in zip(_leaves(self.optimizer), state.get("param_state") or []):
             if ps is not None:
-                o.load_parameter_state_from_dp_zero(ps)
+                load_param_state_dp_zero(o, ps)
         self.num_steps = state.get("num_steps", 0)
 
 
