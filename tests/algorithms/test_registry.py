@@ -86,3 +86,19 @@ def test_validator_and_trainer_read_the_same_algorithm_spec():
         assert "algorithm.kl.placement='reward': unknown name; allowed: loss" in str(err.value)
     finally:
         ALGORITHMS.pop("test_grpo3")
+
+
+
+def test_a_spec_that_needs_a_critic_gets_one_from_the_loader():
+    """needs_critic is read where the config is completed: ppo (gae) gets the actor's model + a value head."""
+    from verl_bridge.algorithms import ALGORITHMS, AlgorithmSpec, register_algorithm
+    from verl_bridge.config import load_config
+
+    base = ["model.actor.args.preset=tiny", "algorithm.group_size=2"]
+    assert load_config(None, base + ["algorithm.name=ppo"]).model.critic.type == "megatron"
+    assert load_config(None, base + ["algorithm.name=grpo"]).model.critic is None
+    register_algorithm(AlgorithmSpec("test_gae", advantage="gae", needs_critic=True))
+    try:
+        assert load_config(None, base + ["algorithm.name=test_gae"]).model.critic is not None
+    finally:
+        ALGORITHMS.pop("test_gae")

@@ -172,10 +172,13 @@ def read_yaml(path: str) -> dict:
 
 
 def apply_defaults(cfg: Config) -> Config:
-    """Derived defaults: PPO (GAE) needs a critic; without one it is the actor's model + a value head."""
+    """Derived defaults: an algorithm whose spec needs a critic (ppo: GAE) gets one when none is
+    configured: the actor's model with a value head."""
+    from verl_bridge.algorithms.registry import ALGORITHMS
     from verl_bridge.config.schema import ModelRole
 
-    if cfg.algorithm.name == "ppo" and cfg.model.critic is None:
+    spec = ALGORITHMS.get(cfg.algorithm.name)
+    if spec is not None and spec.needs_critic and cfg.model.critic is None:
         cfg.model.critic = ModelRole(type="megatron")
     return cfg
 

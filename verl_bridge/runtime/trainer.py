@@ -125,11 +125,6 @@ class MegatronTrainer:
         if self.placement is not None and self.placement.is_reward_rank:
             return  # a separate reward group builds only its scorer
         roles = self.bridge.build_roles()
-        if self.spec.needs_critic and roles.critic is None:
-            raise RuntimeError(f"algorithm.name={cfg.algorithm.name!r} estimates advantages with "
-                               f"{self.spec.advantage}, which needs a critic: set model.critic "
-                               "(e.g. {type: megatron, args: {preset: tiny}}), or use grpo, rloo or "
-                               "reinforce_plus_plus")
         self.is_logger = dist.get_rank() == 0
         if self.is_logger and cfg.data.num_rollout_workers != 1:
             warn(f"data.num_rollout_workers={cfg.data.num_rollout_workers} has no effect: verl-bridge runs SPMD, "
