@@ -7,7 +7,7 @@ Two real halves in separate process worlds (vLLM and megatron keep separate para
    every rank builds its megatron shard from the HF files and streams it through
    :class:`WeightExporter` in small buckets; rank 0 saves the buckets it received.
 2. vLLM side: ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` built on the CPU
-   (:mod:`verl_bridge.rollout.vllm_cpu`) receive each stream bucket by bucket through their own
+   (:mod:`tests.vllm.cpu_harness`) receive each stream bucket by bucket through their own
    ``load_weights``; the returned names must cover ``named_parameters()`` and every parameter must
    equal the fused tensor built independently from the HF weights (``qkv_proj`` = [q; k; v],
    ``gate_up_proj`` = [gate; up], vocabulary padded to vLLM's multiple of 64). Also at vLLM TP=2
@@ -73,7 +73,7 @@ def _vllm_tp1_part(rank, world_size, dirs, out_dir):
     from vllm.config import set_current_vllm_config
 
     from verl_bridge.arch.hf import SafetensorsDir, load_hf_config
-    from verl_bridge.rollout import vllm_cpu as V
+    from tests.vllm import cpu_harness as V
 
     results = {}  # build_cpu_model sets vLLM's groups up at TP=1 (collective: both ranks build first)
     for a, arch in enumerate(ARCHS):
@@ -125,7 +125,7 @@ def _vllm_tp2_part(rank, world_size, dirs, out_dir):
     from vllm.distributed import parallel_state as vps
 
     from verl_bridge.arch.hf import SafetensorsDir, load_hf_config
-    from verl_bridge.rollout import vllm_cpu as V
+    from tests.vllm import cpu_harness as V
 
     results = {}  # the first build_cpu_model(tp_size=2) rebuilds vLLM's groups at TP=2 over both ranks
     for arch in ARCHS:
@@ -207,7 +207,7 @@ def _engine_sync(rank, dirs):
 
     from verl_bridge.arch import hf_model_provider
     from verl_bridge.arch.hf import SafetensorsDir, load_hf_config
-    from verl_bridge.rollout import vllm_cpu as V
+    from tests.vllm import cpu_harness as V
     from verl_bridge.rollout import vllm_engine as ve
 
     arch = ARCHS[rank % len(ARCHS)]
@@ -251,7 +251,7 @@ def _engine_sync(rank, dirs):
 def _vllm_worker(rank, world_size, dirs, out_dir):
     """One vLLM world of two processes: TP=1 checks split between the ranks, then TP=2."""
     from verl_bridge.distributed import init_model_parallel
-    from verl_bridge.rollout.vllm_cpu import require_cpu_platform
+    from tests.vllm.cpu_harness import require_cpu_platform
 
     require_cpu_platform()  # vllm-cpu: vLLM picked the CPU itself
     init_model_parallel(1, 1)  # megatron's groups for the actor of _engine_sync (TP=1, DP=2)

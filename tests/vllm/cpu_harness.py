@@ -7,7 +7,7 @@ weight stream (for example the resharded Megatron stream of
 :class:`verl_bridge.resharding.export.WeightExporter`) can be checked parameter by parameter
 against the layout vLLM really expects:
 
-    from verl_bridge.rollout.vllm_cpu import check_stream
+    from tests.vllm.cpu_harness import check_stream
     report = check_stream(hf_dir, stream, tp_size=1)    # world of one, or inside a gloo world
     assert not report["missing"] and not report["missing_sources"] and not report["mismatched"]
 
