@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from tests.dist_utils import run_distributed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,3 +42,47 @@ def test_native_engine_mismatch_is_logged_and_near_zero_in_fp32(tmp_path):
         assert r["mismatch/logprob_abs_mean"] < 1e-4
     # weights of ~1: the same training as without the correction
     assert tis[-1]["reward_mean"] == pytest.approx(rows[-1]["reward_mean"], abs=1e-6)
+
+
+def _engine_log_probs(rank, world_size):
+    from types import SimpleNamespace as NS
+
+    from verl_bridge.distributed import init_model_parallel, seed_everything
+    from verl_bridge.models.tiny import tiny_model_provider
+    from verl_bridge.rollout.base import SamplingParams
+    from verl_bridge.rollout.native import NativeEngine
+    from verl_bridge.rollout.verify import next_token_log_probs
+    from verl_bridge.runtime.batch import model_inputs
+
+    init_model_parallel(1, 1)
+    seed_everything(0)
+    args = NS(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=None, ffn_hidden_size=None)
+    model = tiny_model_provider(args, 32, 32)(True, True)
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, 32, (6, 5), generator=g).tolist()
+    out = {}
+    for path, fast in (("module", False), ("fast_decoder_eager", True)):
+        eng = NativeEngine(model, torch.device("cpu"), fast=fast)
+        for name, kw in (("t1", dict(temperature=1.0)), ("t07_topk5", dict(temperature=0.7, top_k=5))):
+            b = eng.generate(prompts, SamplingParams(max_new_tokens=6, eos_token_id=None, pad_token_id=0, **kw), seed=3)
+            # the trainer's forward (T=1) on the padded sequences, as make_experience runs it
+            ids, pos, mask = model_inputs(b.input_ids, b.attention_mask)
+            with torch.no_grad():
+                lp = next_token_log_probs(model(ids, pos, mask), ids, 32)
+            plen = b.prompt_ids.shape[1]
+            train = lp[:, plen - 1:]
+            out[(path, name)] = (float((train - b.log_probs).abs().max()), float(b.log_probs.max()),
+                                 b.log_probs.tolist())
+    return out
+
+
+def test_both_native_paths_return_the_log_probs_they_sampled_with():
+    import math
+
+    r = run_distributed(_engine_log_probs, 1)[0]
+    for path in ("module", "fast_decoder_eager"):
+        diff, top, _ = r[(path, "t1")]
+        assert diff < 1e-4 and top < 0, (path, diff)  # temperature 1, no filter: the trainer's own log-probs
+        diff, top, lps = r[(path, "t07_topk5")]
+        assert diff > 1e-3  # sampled from the sharpened, top-5 distribution: not the trainer's T=1 log-probs
+        assert all(math.isfinite(x) and x <= 0 for row in lps for x in row)
