@@ -2,12 +2,13 @@
 
 Each worker gets RANK/WORLD_SIZE/MASTER_* in its environment, initialises torch.distributed with
 gloo, runs ``fn(rank, world_size, *args)``, and puts its return value (which must be picklable)
-on a queue. Exceptions in a worker are re-raised in the parent with the worker's traceback.
+on a queue (pickled by value, so nothing depends on the worker staying alive). Exceptions in a worker are re-raised in the parent with the worker's traceback.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import traceback
 
 import torch.multiprocessing as mp
@@ -27,7 +28,9 @@ def _worker(rank, world_size, port, fn, args, queue):
 
         init_distributed("gloo")
         result = fn(rank, world_size, *args)
-        queue.put((rank, "ok", result))
+        # plain pickle (tensors by value): torch's queue would pass tensors as shared-memory handles
+        # that die with this process, and a fast exit raced the parent's read (ConnectionResetError)
+        queue.put((rank, "ok", pickle.dumps(result)))
         destroy()
     except BaseException:  # noqa: BLE001 - reported to the parent
         queue.put((rank, "error", traceback.format_exc()))
@@ -51,7 +54,7 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0) -> list:
             if status == "error":
                 errors.append(f"rank {rank}:\n{payload}")
                 break
-            results[rank] = payload
+            results[rank] = pickle.loads(payload)
     finally:
         for p in procs:
             p.join(timeout=5 if errors else 60)
