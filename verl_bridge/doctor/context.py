@@ -103,9 +103,14 @@ class Context:
                 Step("torch", "torch"),
                 Step("vllm", "vllm", data={"version": "getattr(m, '__version__', None)", "file": "m.__file__"}),
                 Step("vllm ops", "vllm", kind="exec", code=VLLM_OPS, data={"ops": "getattr(m, '__doctor_ops__', None)"}),
+                # vLLM lists these media packages; a build that does not match torch breaks
+                # transformers' model classes (`operator torchvision::nms does not exist`)
+                *[Step(name, name) for name in VLLM_MEDIA if self.top(name).found],
             ]))
         return probes
 
+
+VLLM_MEDIA = ("torchvision", "torchaudio", "torchcodec")
 
 # How vLLM itself loads its compiled ops differs by release and platform: vllm._C (<= 0.32,
 # and the CPU builds, which pick _C / _C_AVX512 / _C_AVX2 by CPU), _C_stable_libtorch (CUDA
