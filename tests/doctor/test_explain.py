@@ -134,3 +134,17 @@ def test_no_fix_installs_an_import_name_that_is_another_project():
 def test_unknown_missing_module_falls_back_to_a_generic_cause():
     m = explain("ModuleNotFoundError: No module named 'sglang.srt'")
     assert [x.id for x in m] == ["python-missing-module"] and "pip install sglang" in m[0].fix
+
+
+def test_megatron_lm_initialize_moved_parsing(fake: FakeEnv):
+    """Megatron-LM >= core_v0.18: flags are parsed by parse_and_validate_args(), not initialize_megatron()."""
+    old_call = fake.run("--explain", "TypeError: initialize_megatron() got an unexpected keyword argument "
+                        "'extra_args_provider'", "--json")
+    first = old_call.json()["matches"][0]
+    assert old_call.rc == 1 and first["id"] == "megatron-lm-initialize-parse"
+    assert "parse_and_validate_args" in first["fix"]
+    unset = fake.run("--explain", "    assert var is not None, '{} is not initialized.'.format(name)\n"
+                     "AssertionError: args is not initialized.", "--json")
+    first = unset.json()["matches"][0]
+    assert unset.rc == 1 and first["id"] == "megatron-args-not-initialized"
+    assert "parse_and_validate_args()" in first["fix"] and "--no-persist-layer-norm" in first["fix"]

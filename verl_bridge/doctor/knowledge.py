@@ -398,6 +398,32 @@ SIGNATURES: tuple[Signature, ...] = (
         none_of=(r"undefined symbol:?\s*nccl",),
         source="https://github.com/pytorch/pytorch/issues/120186",
     ),
+    # source: https://github.com/EleutherAI/lm-evaluation-harness/pull/3991
+    Signature(
+        "megatron-lm-initialize-parse",
+        (r"initialize_megatron\(\) got an unexpected keyword argument "
+         r"'(?P<kw>extra_args_provider|args_defaults|ignore_unknown_args|parsed_args)'",),
+        "Megatron-LM core_v0.18 and later moved flag parsing out of `initialize_megatron()`: it no longer "
+        "takes `{kw}=`",
+        "call `parse_and_validate_args(extra_args_provider=..., args_defaults=...)` (megatron.training.arguments) "
+        "first, then `initialize_megatron()` with no parsing arguments (examples/megatron_lm/rl_gpt.py shows both "
+        "releases); or pin the Megatron-LM release your script was written for",
+        weight=30,
+        source="https://github.com/EleutherAI/lm-evaluation-harness/pull/3991",
+    ),
+    # source: https://github.com/verl-project/verl/issues/3431
+    Signature(
+        "megatron-args-not-initialized",
+        (r"AssertionError: args is not initialized",),
+        "Megatron-LM's global args were read (`get_args()`) before anything set them: from core_v0.18 on, "
+        "`initialize_megatron()` no longer parses the flags itself",
+        "call `megatron.training.arguments.parse_and_validate_args()` before `initialize_megatron()` (Megatron-LM "
+        ">= core_v0.18), or pass your own `initialize_megatron` to verl_bridge.MegatronBridge; without one the bridge "
+        "fills `verl_bridge.bridge.megatron_args.get_args()` from the config. Without apex also pass "
+        "--no-persist-layer-norm --no-masked-softmax-fusion",
+        weight=25,
+        source="https://github.com/verl-project/verl/issues/3431",
+    ),
     # source: https://github.com/NVIDIA/TransformerEngine/issues/1030
     Signature(
         "api-drift-keyword",
