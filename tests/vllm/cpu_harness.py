@@ -267,6 +267,12 @@ def check_stream(hf_dir, stream: Iterable[tuple[str, torch.Tensor]], *, tp_size:
     from verl_bridge.arch.hf import SafetensorsDir, load_hf_config
 
     model = build_cpu_model(hf_dir, tp_size=tp_size)
+    # uninitialised memory can be a freed block that still holds the right values from an earlier
+    # model (seen: a missing up_proj compared equal); NaN never equals the expected tensor
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                p.fill_(float("nan"))
     items = list(stream)
     names = [n for n, _ in items]
     loaded = load_stream(model, items)
