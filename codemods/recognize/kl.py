@@ -28,6 +28,20 @@ class KLMixin:
                         out.append((name, e, info))
         return out
 
+
+    def _refuse_unless_reference(self, a, expr, scope) -> bool:
+        """Refuse (and return True) unless the KL term ``expr`` is measured against a frozen reference."""
+        ref_side = self.kl_reference(expr, scope)
+        if ref_side == "old":
+            a.refuse(f"{self.loc(self.p.line(expr))}: the KL term is measured against the old policy "
+                     "(the same model before the update), not against a frozen reference model; "
+                     "MegatronTrainer's KL penalty means something different: compute it against a frozen "
+                     "copy of the initial model (ref.requires_grad_(False)) or remove it")
+        elif ref_side != "ref":
+            a.refuse(f"{self.loc(self.p.line(expr))}: cannot tell what the KL term is measured against "
+                     "(a frozen reference model or the old policy); compute the reference log-probs from a "
+                     "model frozen with requires_grad_(False) in this file")
+        return ref_side != "ref"
     def extract_kl(self) -> None:
         a = self.a
         penalty_found = False
@@ -48,17 +62,7 @@ class KLMixin:
                 continue
             penalty_found = True
             kind, node, coef = penalty[0]
-            ref_side = self.kl_reference(expr, scope)
-            if ref_side == "old":
-                a.refuse(f"{self.loc(self.p.line(expr))}: the KL term is measured against the old policy "
-                         "(the same model before the update), not against a frozen reference model; "
-                         "MegatronTrainer's KL penalty means something different: compute it against a frozen "
-                         "copy of the initial model (ref.requires_grad_(False)) or remove it")
-                return
-            if ref_side != "ref":
-                a.refuse(f"{self.loc(self.p.line(expr))}: cannot tell what the KL term is measured against "
-                         "(a frozen reference model or the old policy); compute the reference log-probs from a "
-                         "model frozen with requires_grad_(False) in this file")
+            if self._refuse_unless_reference(a, expr, scope):
                 return
             self.emit("algorithm.kl.placement", Known(kind, self.p.line(node)))
             if coef is not None:
@@ -102,17 +106,7 @@ class KLMixin:
                         continue
                     if not re.search(r"log|lp", _code(other.left), re.I) or not re.search(r"log|lp", _code(other.right), re.I):
                         continue
-                    ref_side = self.kl_reference(other, info)
-                    if ref_side == "old":
-                        a.refuse(f"{self.loc(self.p.line(other))}: the KL term is measured against the old policy "
-                                 "(the same model before the update), not against a frozen reference model; "
-                                 "MegatronTrainer's KL penalty means something different: compute it against a frozen "
-                                 "copy of the initial model (ref.requires_grad_(False)) or remove it")
-                        return True
-                    if ref_side != "ref":
-                        a.refuse(f"{self.loc(self.p.line(other))}: cannot tell what the KL term is measured against "
-                                 "(a frozen reference model or the old policy); compute the reference log-probs from a "
-                                 "model frozen with requires_grad_(False) in this file")
+                    if self._refuse_unless_reference(a, other, info):
                         return True
                     self.emit("algorithm.kl.placement", Known(placement, self.p.line(node)))
                     self.emit("algorithm.kl.coef", self.kl_coef_value(c, info), "the KL coefficient")
