@@ -15,7 +15,9 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# BENCH_RESULTS_DIR redirects the JSONs (the CPU smoke tests write to a temporary folder, never over the
+# committed CUDA results)
+RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR") or Path(__file__).resolve().parent / "results")
 
 # Qwen2-0.5B's shape (random weights): the issue's reference model for every benchmark.
 QWEN2_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
@@ -93,6 +95,23 @@ def make_hf_model(shape: dict, out_dir: str, dtype=torch.bfloat16, seed: int = 0
     model.save_pretrained(out_dir)
     make_tokenizer(shape["vocab_size"], out_dir)
     return model
+
+
+def megatron_model(hf_dir: str, dtype: torch.dtype, dev: torch.device):
+    """The megatron-core GPTModel of ``hf_dir`` built the way the trainer builds it.
+
+    ``MegatronBridge`` builds with the precision flags of ``trainer.precision`` and then casts the whole
+    model as Megatron-LM's ``get_model()`` does (``Float16Module``), so the benchmarks measure the same
+    model the trainer runs (before this, a raw bf16 build kept fp32 norms and the fast decoder refused it).
+    """
+    from verl_bridge.arch import hf_model_provider
+    from verl_bridge.bridge.precision import cast_like_float16_module
+    from verl_bridge.models.tiny import precision_kwargs
+
+    precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+    over = dict(precision_kwargs(precision), use_cpu_initialization=dev.type == "cpu") if precision != "fp32" else {}
+    model = hf_model_provider(hf_dir, **over)(True, True)
+    return cast_like_float16_module(model, precision).to(dev).eval()
 
 
 def environment() -> dict:

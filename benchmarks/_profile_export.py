@@ -12,10 +12,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import _common as C
 
-from verl_bridge.arch import hf_model_provider
 from verl_bridge.distributed import init_model_parallel, seed_everything
 from verl_bridge.resharding.export import WeightExporter
-from verl_bridge.models.tiny import precision_kwargs
 
 dev = C.device()
 init_model_parallel(1, 1); seed_everything(0)
@@ -23,7 +21,7 @@ tmp = tempfile.mkdtemp()
 shape = C.QWEN2_05B
 hf = C.make_hf_model(shape, tmp, dtype=torch.bfloat16)
 expected = {k: v.to(dev) for k, v in hf.state_dict().items()}; del hf
-mc = hf_model_provider(tmp, **dict(precision_kwargs("bf16"), use_cpu_initialization=False))(True, True).to(dev).eval()
+mc = C.megatron_model(tmp, torch.bfloat16, dev)
 ex = WeightExporter(mc, bucket_bytes=256 << 20, vocab_size=shape["vocab_size"])
 dst = {n: torch.empty_like(t) for n, t in expected.items() if n != "lm_head.weight"}
 

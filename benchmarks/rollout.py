@@ -39,7 +39,6 @@ def main(argv=None) -> int:
     B, P, R = (4, 16, 16) if small else (64, 128, 256)
     dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
 
-    from verl_bridge.arch import hf_model_provider
     from verl_bridge.distributed import init_model_parallel, seed_everything
     from verl_bridge.rollout.base import SamplingParams
     from verl_bridge.rollout.native import NativeEngine
@@ -48,10 +47,7 @@ def main(argv=None) -> int:
     seed_everything(0)  # also megatron's CUDA RNG tracker, which GPU initialisation needs
     tmp = tempfile.mkdtemp(prefix="bench_rollout_")
     hf = C.make_hf_model(shape, tmp, dtype=dtype).to(dev).eval()
-    from verl_bridge.models.tiny import precision_kwargs
-
-    over = dict(precision_kwargs("bf16"), use_cpu_initialization=False) if dtype == torch.bfloat16 else {}
-    mc = hf_model_provider(tmp, **over)(True, True).to(dev).eval()
+    mc = C.megatron_model(tmp, dtype, dev)
 
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(3, shape["vocab_size"], (B, P), generator=g)

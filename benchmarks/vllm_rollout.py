@@ -53,9 +53,7 @@ def main(argv=None) -> int:
 
     import vllm
 
-    from verl_bridge.arch import hf_model_provider
     from verl_bridge.config.schema import RolloutConfig
-    from verl_bridge.models.tiny import precision_kwargs
     from verl_bridge.distributed import init_model_parallel, seed_everything
     from verl_bridge.rollout.base import SamplingParams
     from verl_bridge.rollout.native import NativeEngine
@@ -66,8 +64,7 @@ def main(argv=None) -> int:
     seed_everything(0)
     tmp = tempfile.mkdtemp(prefix="bench_vllm_rollout_")
     C.make_hf_model(SHAPE, tmp, dtype=dtype)
-    over = dict(precision_kwargs("bf16"), use_cpu_initialization=False) if dtype == torch.bfloat16 else {}
-    actor = hf_model_provider(tmp, **over)(True, True).to(dev).eval()
+    actor = C.megatron_model(tmp, dtype, dev)
     vocab = SHAPE["vocab_size"]
 
     g = torch.Generator().manual_seed(0)

@@ -35,7 +35,6 @@ def main(argv=None) -> int:
     shape = C.QWEN2_TINY if small else C.QWEN2_05B
     dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
 
-    from verl_bridge.arch import hf_model_provider
     from verl_bridge.distributed import init_model_parallel, seed_everything
     from verl_bridge.resharding.export import WeightExporter
 
@@ -45,10 +44,7 @@ def main(argv=None) -> int:
     hf = C.make_hf_model(shape, tmp, dtype=dtype)
     expected = {k: v.to(dev) for k, v in hf.state_dict().items()}
     del hf
-    from verl_bridge.models.tiny import precision_kwargs
-
-    over = dict(precision_kwargs("bf16"), use_cpu_initialization=False) if dtype == torch.bfloat16 else {}
-    mc = hf_model_provider(tmp, **over)(True, True).to(dev).eval()
+    mc = C.megatron_model(tmp, dtype, dev)
     bucket = args.bucket_mb << 20
     # dtype: the rollout side's dtype. megatron keeps the norm weights in fp32; they are cast on the way
     # out (a few small tensors), so every bucket reaches the consumer in one dtype

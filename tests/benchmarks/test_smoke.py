@@ -1,0 +1,81 @@
+"""CPU smoke runs of the benchmark scripts (tiny shapes), so that a benchmark cannot rot unnoticed.
+
+Each script runs as a user runs it (``python benchmarks/NAME.py --small``) in a subprocess, with
+``BENCH_RESULTS_DIR`` pointing at a temporary folder so the committed CUDA results are never
+overwritten. The test checks the DESIGN.md result contract and that both sides really measured
+(a positive tokens/s or bandwidth on each side, a finite ratio). The CUDA numbers in the README
+come from ``benchmarks/run_cuda.sh`` on the H200; these runs only prove the scripts work on
+today's code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CONTRACT = {"name", "device", "when", "config", "results", "baseline", "ratio"}
+
+
+def _run(name: str, tmp_path: Path, timeout: int = 420) -> dict:
+    env = dict(os.environ, BENCH_RESULTS_DIR=str(tmp_path), PYTHONWARNINGS="ignore",
+               PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env.pop("BENCH_OUT", None)
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--small"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, f"benchmarks/{name}.py --small exited {p.returncode}:\n{p.stderr[-3000:]}"
+    out = json.loads((tmp_path / f"{name}-cpu.json").read_text())
+    assert CONTRACT <= set(out), f"result misses contract keys {CONTRACT - set(out)}"
+    assert out["name"] == name and out["device"] == "cpu"
+    return out
+
+
+def _finite_positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@pytest.mark.slow
+def test_rollout_benchmark_runs(tmp_path):
+    out = _run("rollout", tmp_path)
+    r, b = out["results"], out["baseline"]
+    # the model is built as the trainer builds it, so the megatron forward equals the HF one it came from
+    assert r["check_megatron_vs_hf_max_abs_logit_diff"] < 1e-4
+    assert r["check_fast_vs_megatron_max_abs_logit_diff"] < 1e-4
+    assert _finite_positive(r["native_tokens_per_s"]) and _finite_positive(b["hf_dynamic_tokens_per_s"])
+    assert _finite_positive(out["ratio"])
+
+
+@pytest.mark.slow
+def test_weight_export_benchmark_runs(tmp_path):
+    out = _run("weight_export", tmp_path)
+    r = out["results"]
+    assert r["check_missing_names"] == [] and r["check_mismatched_tensors"] == []
+    assert _finite_positive(r["export_GBps"]) and _finite_positive(r["general_path_GBps"])
+    assert _finite_positive(out["baseline"]["copy_GBps"]) and _finite_positive(out["ratio"])
+
+
+@pytest.mark.slow
+def test_rl_step_benchmark_runs(tmp_path):
+    pytest.importorskip("trl", reason="the comparison side (TRL GRPOTrainer) needs `trl` (in the test extra)")
+    out = _run("rl_step", tmp_path, timeout=600)
+    r, b = out["results"], out["baseline"]
+    assert "error" not in b, b.get("error")
+    assert _finite_positive(r["tokens_per_s"]) and _finite_positive(b["tokens_per_s"])
+    assert _finite_positive(out["ratio"])
+
+
+def test_results_dir_redirect(tmp_path, monkeypatch):
+    """BENCH_RESULTS_DIR decides where write_result puts the JSON (smoke runs never touch results/)."""
+    monkeypatch.setenv("BENCH_RESULTS_DIR", str(tmp_path))
+    code = ("import sys, torch; sys.path.insert(0, %r); from benchmarks import _common as C; "
+            "C.write_result('probe', torch.device('cpu'), {}, {'x': 1}, {'y': 2}, 0.5)") % str(ROOT)
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env=dict(os.environ))
+    out = json.loads((tmp_path / "probe-cpu.json").read_text())
+    assert out["ratio"] == 0.5 and out["results"] == {"x": 1}
+    assert not (ROOT / "benchmarks" / "results" / "probe-cpu.json").exists()
