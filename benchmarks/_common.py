@@ -114,10 +114,27 @@ def megatron_model(hf_dir: str, dtype: torch.dtype, dev: torch.device):
     return cast_like_float16_module(model, precision).to(dev).eval()
 
 
+def nvidia_smi() -> dict:
+    """Clocks, power and utilisation as ``nvidia-smi`` reports them now ({} where it is not there)."""
+    import subprocess
+
+    fields = ["clocks.sm", "clocks.max.sm", "clocks.mem", "clocks.max.mem", "power.draw", "power.limit",
+              "temperature.gpu", "utilization.gpu", "driver_version"]
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return {}
+    return dict(zip(fields, (v.strip() for v in out.split(","))))
+
+
 def environment() -> dict:
     env = {"python": platform.python_version(), "torch": torch.__version__}
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(0)
+        env["nvidia_smi"] = nvidia_smi()
+        # the load this run ran under: the bf16 matmul rate measured now, beside the numbers it qualifies
+        env["bf16_matmul_tflops_measured"] = round(matmul_tflops(torch.device("cuda"), 8192), 1)
     for mod in ("transformers", "megatron.core", "trl"):
         try:
             m = __import__(mod, fromlist=["__version__"])
