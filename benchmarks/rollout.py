@@ -8,7 +8,10 @@ tokens, sampling at temperature 1 (no top-k/top-p), EOS disabled so every row ma
 Measured side by side: the native engine (on CUDA: the CUDA-graph fast decoder reading the
 megatron parameters in place), HF ``generate`` with its default dynamic cache, and HF ``generate``
 with ``cache_implementation="static"`` (which compiles the decode step). ``ratio`` = native
-tokens/s / the faster HF mode. A correctness check compares the fast decoder's prefill logits with
+tokens/s / the faster HF mode. Then ``rl_sizes``: the same engine at RL batch sizes (256 and 512
+rows, 1024 new tokens; ``--rl-sizes``) with HF static beside it and the fraction of the bandwidth
+roofline (:func:`roofline`: weights read once per step plus the KV slots each row attends, against
+the H200's 4.8 TB/s data-sheet HBM bandwidth and against twice the measured copy rate). A correctness check compares the fast decoder's prefill logits with
 the megatron module forward on the same batch. ``--small`` (default on CPU) shrinks everything.
 
     python benchmarks/rollout.py            # writes benchmarks/results/rollout-<device>.json
@@ -27,11 +30,78 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import _common as C  # noqa: E402
 
 
+def roofline(shape: dict, B: int, P: int, R: int, dtype: torch.dtype, bytes_per_s: float) -> dict:
+    """Tokens/s if every decode step only read the weights once and the KV cache it attends over.
+
+    Per decode step (one token for each of ``B`` rows): all parameters are read once (the tied
+    embedding as the LM head included), and each row reads its keys and values for the ``c`` slots it
+    attends (``c`` = prompt + tokens so far) and writes one slot. Summed over the ``R - 1`` decode
+    steps; the prefill (compute-bound, one pass) is left out, which makes the limit higher, not lower.
+    """
+    h, L, V, I = shape["hidden_size"], shape["num_hidden_layers"], shape["vocab_size"], shape["intermediate_size"]
+    heads, kv = shape["num_attention_heads"], shape["num_key_value_heads"]
+    hd = h // heads
+    per_layer = h * (heads * hd + 2 * kv * hd) + heads * hd * h + 3 * h * I + 2 * h + (heads + 2 * kv) * hd
+    params = L * per_layer + V * h + h
+    isz = torch.tensor([], dtype=dtype).element_size()
+    w_bytes = params * isz
+    kv_slot = 2 * L * kv * hd * isz  # K and V of one position, all layers
+    total = 0
+    for step in range(1, R):
+        c = P + step  # slots attended at this step (the prompt, earlier tokens and its own)
+        total += w_bytes + B * (c * kv_slot + kv_slot)
+    tokens = B * (R - 1)
+    return {"bytes_per_s_assumed": bytes_per_s, "weight_bytes": w_bytes, "kv_bytes_per_slot": kv_slot,
+            "decode_bytes_total": total, "tokens_per_s_limit": tokens / (total / bytes_per_s)}
+
+
+def rl_size(mc, hf, shape, dev, dtype, B: int, P: int, R: int, compile: bool) -> dict:
+    """Native tokens/s at an RL batch (``B`` rows, ``R`` new tokens) against the bandwidth roofline."""
+    from verl_bridge.rollout.base import SamplingParams
+    from verl_bridge.rollout.native import NativeEngine
+
+    g = torch.Generator().manual_seed(B)
+    plist = torch.randint(3, shape["vocab_size"], (B, P), generator=g).tolist()
+    sp = SamplingParams(max_new_tokens=R, temperature=1.0, top_p=1.0, top_k=0, eos_token_id=None, pad_token_id=0)
+    engine = NativeEngine(mc, dev, compile=compile)
+    engine.generate(plist, sp, seed=0)  # capture (and compile)
+    t = C.timed(lambda: engine.generate(plist, sp, seed=1), dev, repeat=2)
+    out = {"batch": B, "prompt_len": P, "new_tokens": R, "native_tokens_per_s": B * R / t,
+           "engine_path": "fast" if engine.fast is not None else "module"}
+    if dev.type == "cuda":
+        spec = 4.8e12  # H200 HBM3e, NVIDIA's data sheet
+        copy = C.copy_bandwidth(dev, 1 << 30)
+        for label, bw in (("spec_4.8TBps", spec), ("measured_copy_traffic", 2 * copy)):
+            lim = roofline(shape, B, P, R, dtype, bw)
+            out[f"roofline_{label}"] = lim
+            out[f"fraction_of_roofline_{label}"] = out["native_tokens_per_s"] / lim["tokens_per_s_limit"]
+    del engine
+    if hf is not None:  # the faster HF mode at the same size (static cache, compiled), one timed run
+        ids = torch.tensor(plist, device=dev)
+        am = torch.ones_like(ids)
+        kw = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=R, min_new_tokens=R,
+                  pad_token_id=0, eos_token_id=None, cache_implementation="static")
+        try:
+            with torch.no_grad():
+                hf.generate(ids, attention_mask=am, **kw)
+                th = C.timed(lambda: hf.generate(ids, attention_mask=am, **kw), dev, repeat=1)
+            out["hf_static_tokens_per_s"] = B * R / th
+            out["ratio_vs_hf_static"] = out["native_tokens_per_s"] / out["hf_static_tokens_per_s"]
+        except Exception as e:  # noqa: BLE001 - record, don't hide
+            out["hf_static_error"] = f"{type(e).__name__}: {e}"[:300]
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="tiny shapes (default when there is no GPU)")
     ap.add_argument("--skip-static", action="store_true", help="skip HF static-cache generate (it compiles)")
     ap.add_argument("--no-compile", action="store_true", help="skip the compiled variant of the fast decoder")
+    ap.add_argument("--rl-sizes", default=None,
+                    help="comma-separated batch sizes measured at RL sizes (1024 new tokens on CUDA; "
+                         "default on CUDA: 256,512; on CPU: 8 with 32 new tokens)")
     args = ap.parse_args(argv)
     dev = C.device()
     small = args.small or dev.type == "cpu"
@@ -116,6 +186,11 @@ def main(argv=None) -> int:
             baseline["hf_static_error"] = f"{type(e).__name__}: {e}"[:300]
     best = max(v for k, v in baseline.items() if k.endswith("tokens_per_s"))
     ratio = round(results["native_tokens_per_s"] / best, 3)
+    del engine
+    sizes = [int(x) for x in (args.rl_sizes or ("8" if small else "256,512")).split(",") if x]
+    results["rl_sizes"] = [rl_size(mc, None if args.skip_static else hf, shape, dev, dtype, b, P,
+                                   32 if small else 1024, compile=not small)
+                           for b in sizes]
     cfg = {"model": "qwen2-0.5b-shape (random init)" if not small else "qwen2-tiny", "batch": B,
            "prompt_len": P, "new_tokens": R, "dtype": str(dtype).replace("torch.", ""),
            "sampling": "temperature 1.0, no top-k/top-p",

@@ -49,6 +49,8 @@ def test_rollout_benchmark_runs(tmp_path):
     assert r["check_fast_vs_megatron_max_abs_logit_diff"] < 1e-4
     assert _finite_positive(r["native_tokens_per_s"]) and _finite_positive(b["hf_dynamic_tokens_per_s"])
     assert _finite_positive(out["ratio"])
+    rl = r["rl_sizes"]  # the RL-batch section ran too (1024 new tokens and the roofline on CUDA)
+    assert rl and all(_finite_positive(x["native_tokens_per_s"]) for x in rl)
 
 
 @pytest.mark.slow

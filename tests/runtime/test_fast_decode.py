@@ -163,3 +163,41 @@ def _sync_check_goes_through_fast_decoder(rank, world_size, tmp):
 
 def test_sync_check_scores_the_fast_decoder(tmp_path):
     run_distributed(_sync_check_goes_through_fast_decoder, 1, tmp_path)
+
+
+def test_attended_lengths_cover_every_step():
+    """Each decode step attends over a bucket at least as long as the slots it needs; the last is the
+    whole cache; few buckets (graphs / compile specialisations) per shape."""
+    from verl_bridge.rollout.fast_decode import attended_lengths
+
+    for P, L in [(16, 32), (128, 384), (128, 1152), (7, 7 + 150), (64, 64 + 1024), (1, 2)]:
+        lengths = attended_lengths(P, L)
+        assert lengths == sorted(set(lengths)) and lengths[-1] == L and len(lengths) <= 4
+        for need in range(P + 1, L + 1):  # decode step i needs slots [0, P + i]
+            assert any(n >= need for n in lengths)
+    assert len(attended_lengths(128, 1152)) == 4  # a long generation really is split
+
+
+def _long_generation_bucketed(rank, world_size):
+    from verl_bridge.distributed import init_model_parallel, seed_everything
+    from verl_bridge.rollout.base import SamplingParams
+    from verl_bridge.rollout.fast_decode import FastEngine, attended_lengths
+    from verl_bridge.rollout.native import NativeEngine
+
+    init_model_parallel(1, 1)
+    seed_everything(0)
+    model = _tiny_model()
+    model.eval()
+    prompts = [[1, 5, 6, 7], [1, 9], [1, 3, 3, 3, 3, 3, 2, 4, 5]]
+    R = 140  # prompt width 16 + 140 new tokens: the steps run over two attended lengths (128, 156)
+    assert attended_lengths(16, 16 + R) == [128, 156]
+    sp = SamplingParams(max_new_tokens=R, temperature=0.0, eos_token_id=None, pad_token_id=0)
+    a = NativeEngine(model, torch.device("cpu"), decode="module").generate(prompts, sp, seed=0)
+    b = FastEngine(model, torch.device("cpu"), pad_to=16).generate(prompts, sp, seed=0)
+    assert torch.equal(a.response_ids, b.response_ids)
+    torch.testing.assert_close(a.log_probs, b.log_probs, atol=1e-4, rtol=1e-4)
+
+
+def test_fast_engine_bucketed_lengths_equal_module_path():
+    """A generation long enough to cross attended-length buckets samples what the module path does."""
+    run_distributed(_long_generation_bucketed, 1)

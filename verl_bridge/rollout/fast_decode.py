@@ -322,6 +322,27 @@ def gumbel_sample(logits: torch.Tensor, temperature: float, top_p: float, top_k:
     return (logits - torch.log(-torch.log(u))).argmax(dim=-1)
 
 
+def attended_lengths(P: int, L: int, buckets: int = 4, align: int = 64) -> list[int]:
+    """The cache lengths decode steps attend over, for prompt width ``P`` and cache length ``L``.
+
+    A decode step at cache slot ``w`` needs keys ``[0, w]`` only; attending over the whole cache
+    (``L`` slots, most of them still empty and masked) reads up to twice the KV bytes that the step
+    needs over a long generation. The steps are therefore split into at most ``buckets`` ranges of
+    cache length, each a multiple of ``align`` (the last is ``L``), and each range runs (and, on
+    CUDA, is captured as a graph) over ``cache[..., :length]``. Masked slots contribute exactly zero
+    to the softmax, so the tokens sampled do not depend on the bucketing. A few buckets keep the
+    number of captured graphs (and of ``torch.compile`` specialisations) small; four cut the KV
+    bytes read over a long generation to about 5/8 of the whole-cache reads.
+    """
+    first = P + 1  # the first decode step attends over the prompt and its own slot
+    if L - first < align:
+        return [L]
+    step = -(-(L - first + 1) // buckets)
+    step = -(-step // align) * align
+    out = sorted({min(L, -(-(first - 1 + k * step) // align) * align) for k in range(1, buckets + 1)} | {L})
+    return out
+
+
 class _State:
     """Static buffers of one (batch, prompt width, new tokens) shape: what a CUDA graph reads and writes."""
 
@@ -340,7 +361,8 @@ class _State:
         self.response = torch.zeros(B, R, dtype=torch.long, device=device)
         self.resp_mask = torch.zeros(B, R, dtype=torch.long, device=device)
         self.resp_lp = torch.zeros(B, R, dtype=torch.float32, device=device)
-        self.graph = None
+        self.graphs: dict[int, "torch.cuda.CUDAGraph"] = {}  # one per attended cache length (see lengths)
+        self.lengths = attended_lengths(P, L)
 
     def step_buffers(self) -> tuple[torch.Tensor, ...]:
         """What one decode step mutates outside the KV cache (saved/restored around capture)."""
@@ -359,6 +381,14 @@ class FastEngine:
                  pad_to: int = 16, compile: bool = False):
         self.decoder = FastDecoder(model)
         # compile=True: inductor fuses the step's element-wise work before the graph is captured
+        if compile:
+            # one specialisation per (batch shape, attended length): raise dynamo's per-function cache
+            # limit so that a few buckets and batch shapes never fall back to eager silently
+            import torch._dynamo.config as dynamo_config
+
+            for knob in ("cache_size_limit", "recompile_limit"):
+                if hasattr(dynamo_config, knob):
+                    setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), 64))
         self._decode = torch.compile(self.decoder.forward_decode, dynamic=False) if compile else self.decoder.forward_decode
         self.device = device
         self.graphs = device.type == "cuda" if use_cuda_graphs is None else use_cuda_graphs
@@ -369,9 +399,11 @@ class FastEngine:
     def sync_weights(self) -> None:  # parameters are read in place
         return None
 
-    def _step(self, st: _State, params: SamplingParams, gen):
+    def _step(self, st: _State, params: SamplingParams, gen, length: int):
+        """One decode step attending over the first ``length`` cache slots (see :func:`attended_lengths`)."""
         st.key_valid.index_fill_(1, st.write_idx.view(1), True)
-        logits = self._decode(st.tok, st.abs_pos, st.write_idx, st.key_valid, st.cache_k, st.cache_v)
+        logits = self._decode(st.tok, st.abs_pos, st.write_idx, st.key_valid[:, :length],
+                              [c[:, :, :length] for c in st.cache_k], [c[:, :, :length] for c in st.cache_v])
         self._emit(st, logits, params, gen)
 
     def _emit(self, st: _State, logits, params: SamplingParams, gen):
@@ -443,27 +475,33 @@ class FastEngine:
         self._emit(st, logits, params, gen)
 
         steps = R - 1
-        if use_graph and steps > 0 and st.graph is None:
+        if use_graph and steps > 0 and not st.graphs:
             snapshot = [t.clone() for t in st.step_buffers()]
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                self._step(st, params, gen)  # warm-up (allocator, kernels)
-            torch.cuda.current_stream().wait_stream(s)
-            for dst, src in zip(st.step_buffers(), snapshot):
-                dst.copy_(src)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                self._step(st, params, gen)
-            for dst, src in zip(st.step_buffers(), snapshot):
-                dst.copy_(src)
-            st.graph = g
+            for length in st.lengths:
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    self._step(st, params, gen, length)  # warm-up (allocator, kernels, compilation)
+                torch.cuda.current_stream().wait_stream(s)
+                for dst, src in zip(st.step_buffers(), snapshot):
+                    dst.copy_(src)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    self._step(st, params, gen, length)
+                for dst, src in zip(st.step_buffers(), snapshot):
+                    dst.copy_(src)
+                st.graphs[length] = g
         check_every = 16
+        bucket = 0
         for i in range(steps):
+            # decode step i writes cache slot P + i and attends over slots [0, P + i]
+            while st.lengths[bucket] < P + i + 1:
+                bucket += 1
+            length = st.lengths[bucket]
             if use_graph:
-                st.graph.replay()
+                st.graphs[length].replay()
             else:
-                self._step(st, params, gen)
+                self._step(st, params, gen, length)
             if params.eos_token_id is not None and (i + 1) % check_every == 0 and bool(st.done.all()):
                 break
         if was_training:
