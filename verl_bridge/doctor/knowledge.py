@@ -20,6 +20,7 @@ class Signature:
     weight: int = 10  # higher = more specific; decides the order of matches
     none_of: tuple[str, ...] = ()
     source: str = ""
+    confident: bool = True  # False: the text alone cannot tell the cause; `fix` says how to check
 
 
 MEGATRON_CORE_FIX = 'pip install "megatron-core>=0.12,<0.20"'
@@ -103,7 +104,7 @@ SIGNATURES: tuple[Signature, ...] = (
         (r"cannot import name '(?P<name>\w+)' from '(?P<mod>megatron\.core[\w.]*)'",),
         "`{name}` is not in the installed megatron-core's `{mod}`: the code was written for another "
         "megatron-core version (names move between releases)",
-        "run `verl-bridge doctor --scan <your code>` to see where it moved, or install the matching "
+        "run `verl-bridge doctor --scan .` (in your code's folder) to see where it moved, or install the matching "
         "version: " + MEGATRON_CORE_FIX,
         weight=25,
         source="https://github.com/ISEEKYAN/mbridge/issues/50",
@@ -251,7 +252,7 @@ SIGNATURES: tuple[Signature, ...] = (
         (r"No module named ['\"]vllm\._C['\"]",),
         "a vLLM source checkout without its compiled ops shadows the installed vLLM (often the current "
         "directory is the vLLM repo)",
-        "cd elsewhere (or remove the checkout from PYTHONPATH), or build it: pip install -e <vllm checkout>",
+        "cd elsewhere (or remove the checkout from PYTHONPATH), or build it: pip install -e .  (inside the vLLM checkout)",
         weight=40,
         source="https://github.com/vllm-project/vllm/issues/1814",
     ),
@@ -431,7 +432,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "API drift: `{func}` does not take `{kw}=` in the installed version; the calling code was written for "
         "another release of the library that defines it (megatron-core, Transformer Engine and Megatron-LM "
         "rename and drop keywords between releases)",
-        "find the call and the version it expects: verl-bridge doctor --scan <your code>  # lists renamed keywords\n"
+        "find the call and the version it expects: verl-bridge doctor --scan .  # in your code's folder: lists renamed keywords\n"
         "# then install the release the code was written for, or update the call to the installed API",
         weight=22,
         source="https://github.com/NVIDIA/TransformerEngine/issues/1030",
@@ -466,7 +467,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "cuDNN ({lib}{lib2}) is not installed or not on the loader path; torch wheels bring it as "
         "nvidia-cudnn-cu12, a system install needs LD_LIBRARY_PATH",
         "pip install --force-reinstall torch  # brings nvidia-cudnn-cu12 into the environment\n"
-        "# or, for a system cuDNN: ldconfig -p | grep libcudnn and export LD_LIBRARY_PATH=<its folder>:$LD_LIBRARY_PATH",
+        "# or, for a system cuDNN: export LD_LIBRARY_PATH=$(dirname $(ldconfig -p | grep -m1 -o '/[^ ]*libcudnn\.so[^ ]*')):$LD_LIBRARY_PATH",
         weight=42,
         source="https://github.com/AILab-CVC/Make-Your-Video/issues/4",
     ),
@@ -480,6 +481,149 @@ SIGNATURES: tuple[Signature, ...] = (
         "run from another directory (cd ..), or remove the folder from PYTHONPATH; check with: verl-bridge doctor",
         weight=47,
         source="https://github.com/pytorch/pytorch/issues/574",
+    ),
+    # source: https://github.com/pyg-team/pyg-lib/issues/548
+    Signature(
+        "glibc-too-old",
+        (r"version `GLIBC_(?P<ver>\d+\.\d+)' not found(?: \(required by (?P<lib>[^)\s]+)\))?",),
+        "the system C library (glibc) is older than {ver}, the version {lib} was built for: the wheel's "
+        "manylinux tag needs a newer Linux than this one",
+        "see your glibc: ldd --version\n"
+        "# then install a build of the package made for that glibc (an older release, or one with a lower "
+        "manylinux_2_XX tag), or run in a newer OS/container (glibc >= {ver})",
+        weight=36,
+        source="https://github.com/pyg-team/pyg-lib/issues/548",
+    ),
+    # source: https://github.com/NVIDIA/nccl/issues/328
+    Signature(
+        "nccl-shm-permission",
+        (r"shm_open failed\s*:?\s*Permission denied|(?:Error while creating|Unable to allocate) shared memory segment[^\n]*Permission denied",),
+        "NCCL cannot create its shared-memory segments in /dev/shm (Permission denied): in a container /dev/shm "
+        "is private and may not be writable for this user; NCCL then fails with 'unhandled system error'",
+        "docker run --ipc=host ...  # or make /dev/shm writable: chmod 1777 /dev/shm\n"
+        "# workaround without shared memory: export NCCL_SHM_DISABLE=1 (intra-node traffic then goes over "
+        "P2P/sockets: slower collectives)\n# to see NCCL's reasons: export NCCL_DEBUG=INFO",
+        weight=48,
+        source="https://github.com/NVIDIA/nccl/issues/328",
+    ),
+    # source: https://github.com/NVIDIA/nccl/issues/290
+    Signature(
+        "nccl-shm-space",
+        (r"(?:posix_fallocate failed|failed to extend /dev/shm\S*)[^\n]*No space left on device|"
+         r"Error while creating shared memory segment[^\n]*No space left on device",),
+        "/dev/shm is too small for NCCL's shared-memory buffers (Docker gives containers 64 MB by default)",
+        "docker run --ipc=host ...  # or a larger /dev/shm: docker run --shm-size=16g ...\n"
+        "# Kubernetes: mount an emptyDir with medium: Memory at /dev/shm; check the size with: df -h /dev/shm\n"
+        "# workaround: export NCCL_SHM_DISABLE=1 (slower intra-node collectives); NCCL_DEBUG=INFO shows more",
+        weight=48,
+        source="https://github.com/NVIDIA/nccl/issues/290",
+    ),
+    # source: https://github.com/vllm-project/vllm/issues/6574
+    Signature(
+        "nccl-error",
+        (r"NCCL error in:? ?(?P<where>[^\n,]*?(?:NCCLUtils|ProcessGroupNCCL|nccl)[^\n,]*), (?P<what>[^\n]+?)(?:,|\n|$)|"
+         r"(?P<what2>unhandled system error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|"
+         r"remote process exited or there was a network error)",),
+        "NCCL failed ('{what}{what2}'); this text does not say why: NCCL writes the reason to its own log "
+        "(NCCL WARN lines) only with NCCL_DEBUG set",
+        "rerun with: export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV  # the NCCL WARN lines name the cause\n"
+        "# common causes in containers: /dev/shm too small or not writable (df -h /dev/shm; docker --ipc=host "
+        "or --shm-size); several NCCL copies (verl-bridge doctor); network interface: NCCL_SOCKET_IFNAME",
+        weight=20,
+        confident=False,
+        source="https://github.com/vllm-project/vllm/issues/6574",
+    ),
+    # source: https://github.com/NVIDIA/nccl/issues/342
+    Signature(
+        "nccl-warn",
+        (r"NCCL WARN (?P<warn>[^\n]+)",),
+        "NCCL warned: {warn}",
+        "read the first NCCL WARN line of the failing rank: it names the failing call; "
+        "export NCCL_DEBUG=INFO for the full log",
+        weight=15,
+        confident=False,
+        source="https://github.com/NVIDIA/nccl/issues/342",
+    ),
+    # source: https://github.com/vllm-project/vllm/issues/475
+    Signature(
+        "shadowed-by-local-file",
+        (r"(?:No module named '(?P<pkg>\w+)\.[\w.]+'; '(?P=pkg)' is not a package|"
+         r"cannot import name '\w+' from (?:partially initialized module )?'(?P<pkg2>\w+)'"
+         r"(?: \(most likely due to a circular import\))? \((?P<path>[^)]*?(?P=pkg2)\.py)\))",),
+        "a file named {pkg}{pkg2}.py is imported instead of the installed package {path}",
+        "rename the file (and delete its __pycache__), or run from another directory",
+        weight=49,
+        source="https://github.com/vllm-project/vllm/issues/475",
+    ),
+    # source: https://github.com/phoronix-test-suite/test-profiles/issues/337
+    Signature(
+        "python-no-wheel",
+        (r"No matching distribution found for (?P<req>[A-Za-z0-9][\w.\-]*)",
+         r"Ignored the following versions that require a different python version:(?P<ignored>[^\n]*)"),
+        "no release of `{req}` installs on this Python: the releases pip saw require another Python version",
+        "use a Python the package supports (see below), e.g. a new virtual environment: "
+        "python3.12 -m venv .venv && .venv/bin/pip install {req}",
+        weight=40,
+        source="https://github.com/phoronix-test-suite/test-profiles/issues/337",
+    ),
+    # source: https://github.com/facebookresearch/xformers/issues/982
+    Signature(
+        "extension-built-for-other-torch",
+        (r"(?P<pkg>[\w-]+) was built for:?\s*PyTorch (?P<want>[\w.+]+)(?: with CUDA (?P<cuda>\d+))? \(you have (?P<have>[\w.+]+)\)",),
+        "{pkg}'s compiled extension was built for PyTorch {want}, but PyTorch {have} is installed",
+        "pip install --force-reinstall --no-deps \"{pkg}\"  # placeholder, filled from the versions",
+        weight=52,
+        source="https://github.com/facebookresearch/xformers/issues/982",
+    ),
+    # source: https://github.com/NVIDIA/Megatron-LM/issues/366
+    Signature(
+        "stale-build-cache",
+        (r"(?P<build>[^\s:'\"]*(?:fused_kernels[/\\]build|torch_extensions[/\\][^/\\\s]+[/\\]\w+))[/\\][\w.\-]+\.so[:\s]",),
+        "a kernel compiled earlier into {build} is loaded, but torch or CUDA changed since: the build cache is stale",
+        "rm -rf {build}  # it is rebuilt against the installed torch on the next run",
+        weight=56,
+        source="https://github.com/NVIDIA/Megatron-LM/issues/366",
+    ),
+    # source: https://github.com/NVIDIA/TransformerEngine/issues/2504
+    Signature(
+        "transformer-engine-cublas",
+        (r"libtransformer_engine\.so: undefined symbol:?\s*(?P<sym>cublas\w+), version (?P<lib>libcublas\w*\.so\.(?P<major>\d+))",),
+        "the cuBLAS that was loaded ({lib}) is older than the one Transformer Engine was built with: it lacks "
+        "{sym}. Transformer Engine and torch match; cuBLAS does not",
+        "pip install --upgrade \"nvidia-cublas-cu{major}\"  # placeholder, filled from the major version",
+        weight=57,
+        source="https://github.com/NVIDIA/TransformerEngine/issues/2504",
+    ),
+    # source: https://github.com/NVIDIA/TransformerEngine/issues/1379
+    Signature(
+        "transformer-engine-no-pytorch",
+        (r"module 'transformer_engine' has no attribute 'pytorch'",),
+        "Transformer Engine is installed without its PyTorch extension (`pip install transformer-engine` installs "
+        "only the core library; the PyTorch part is the `pytorch` extra)",
+        'pip install --no-build-isolation "transformer-engine[pytorch]"',
+        weight=47,
+        source="https://github.com/NVIDIA/TransformerEngine/issues/1379",
+    ),
+    # source: https://github.com/NVIDIA/Megatron-LM/issues/696
+    Signature(
+        "megatron-core-te-import",
+        (r"File \"[^\"]*megatron[/\\]core[/\\](?:transformer|extensions|models|fusions)[/\\][^\"]*\"",
+         r"(?P<err>(?:ImportError|ModuleNotFoundError|AttributeError|OSError)[^\n]*transformer_engine[^\n]*)"),
+        "megatron-core's Transformer Engine layers failed to import Transformer Engine ({err})",
+        'pip install --no-build-isolation "transformer-engine[pytorch]"  # a TE that matches torch\n'
+        "# or build the model without TE: the local layer spec (get_gpt_layer_local_spec), which verl-bridge uses "
+        "when TE is absent",
+        weight=43,
+        source="https://github.com/NVIDIA/Megatron-LM/issues/696",
+    ),
+    # source: https://github.com/vllm-project/vllm/issues/17249
+    Signature(
+        "vllm-missing",
+        (r"No module named '(?P<mod>vllm)'",),
+        "vLLM is not installed in this environment",
+        "pip install \"verl-bridge[vllm]\"",
+        weight=30,
+        source="https://github.com/vllm-project/vllm/issues/17249",
     ),
     # Not from an upstream thread: the seed article's import path, mapped to this project's.
     Signature(
