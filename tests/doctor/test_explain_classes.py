@@ -315,3 +315,41 @@ def test_cli_prints_one_headline_and_its_fix(tmp_path):
     assert lines[-1].startswith("also matched, less specific") and "transformer-engine-abi" in lines[-1]
     unsure = fake.run("--explain", TEXTS["nccl-error"])
     assert unsure.out.startswith("[nccl-error] not sure:") and "   check: " in unsure.out
+
+
+MORE_SHAPES = [
+    # (text, expected id, a string the cause or fix must contain)
+    ("OSError: /lib/x86_64-linux-gnu/libm.so.6: version 'GLIBC_2.29' not found (required by "
+     "/opt/conda/lib/python3.10/site-packages/libpyg.so)\n", "glibc-too-old", "2.29"),
+    ("Traceback (most recent call last):\n  File \"vllm.py\", line 3, in <module>\n    llm = vllm.LLM(model='m')\n"
+     "AttributeError: partially initialized module 'vllm' has no attribute 'LLM' (most likely due to a circular "
+     "import)\n", "shadowed-by-local-file", "vllm.py"),
+    ("ImportError: .../megatron/fused_kernels/build/scaled_masked_softmax_cuda.so: undefined symbol: "
+     "_ZN3c106detail19maybe_wrap_dim_slowEllb\n", "stale-build-cache", "import megatron.fused_kernels"),
+    ("OSError: /venv/lib/python3.12/site-packages/transformer_engine/libtransformer_engine.so: undefined symbol: "
+     "cublasLtGroupedMatrixLayoutInit_internal\n", "transformer-engine-cublas", "nvidia-cublas-cu12"),
+    ("[0] NCCL WARN Error while creating shared memory segment /dev/shm/nccl-pZafXL (size 7340384)\n", "nccl-shm",
+     "--ipc=host"),
+    ("RuntimeError: CUDA error: CUDA driver version is insufficient for CUDA runtime version\n",
+     "cuda-driver-insufficient", "nvidia-smi"),
+    ("ERROR: Could not find a version that satisfies the requirement megatron-core==0.19.2 (from versions: 0.1.0, "
+     "0.16.1)\nERROR: No matching distribution found for megatron-core==0.19.2\n", "python-no-wheel-megatron-core",
+     "python3.12 -m venv"),
+]
+
+
+@pytest.mark.parametrize("text,expected,needle", MORE_SHAPES)
+def test_more_real_shapes(text, expected, needle):
+    best = _best(text)
+    assert best.id == expected, [m.id for m in explain(text, facts=facts())]
+    assert needle in best.cause + best.fix
+
+
+def test_megatron_core_installed_but_not_found_is_not_sure(tmp_path):
+    (tmp_path / "megatron").mkdir()
+    best = _best("ModuleNotFoundError: No module named 'megatron.core'\n", facts(cwd=str(tmp_path)))
+    assert best.id == "megatron-core-missing" and not best.confident
+    assert str(tmp_path / "megatron") in best.cause and "megatron.__path__" in best.fix
+    # not installed: the install command, as before
+    gone = _best("ModuleNotFoundError: No module named 'megatron.core'\n", facts(mcore_version=None))
+    assert gone.confident and 'pip install "megatron-core>=0.12,<0.20"' in gone.fix

@@ -248,6 +248,22 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
         first = re.search(r"NCCL error in:? ?[^\n,]*, ([^\n(,]+)", text)
         what = first.group(1).strip() if first else (g.get("what2") or g.get("what") or "an NCCL error")
         match.cause = match.cause.replace("('?')", f"('{what}')").replace(f"('{g.get('what', '')}')", f"('{what}')")
+    elif match.id == "cuda-driver-insufficient":
+        drv = facts.driver
+        match.cause += (f"; this machine's driver is {drv}" if drv else
+                        "; no driver version could be read here: run `nvidia-smi` (its 'CUDA Version' is the newest "
+                        "CUDA the driver supports)")
+        if facts.torch_cuda:
+            match.cause += f"; torch {facts.torch_version} was built for CUDA {facts.torch_cuda}"
+    elif match.id == "megatron-core-missing":
+        local = _local_shadow("megatron", facts.cwd)
+        if facts.mcore_version and g.get("mod") == "megatron.core" and not facts.extra.get("from_checks"):
+            match.cause = (f"megatron-core {facts.mcore_version} is installed in this environment, yet `megatron.core` "
+                           "was not found: another interpreter ran the code, or a `megatron` folder without `core` "
+                           "shadows the namespace" + (f" (here: {local})" if local else ""))
+            match.fix = ("python -c \"import megatron, sys; print(sys.executable, list(megatron.__path__))\"  # run it "
+                         "the way the failing code ran: the folders listed must include site-packages/megatron")
+            match.confident = False
     elif match.id == "torch-driver":
         extra, fix = _driver_fix(g.get("found", "0"), facts)
         match.cause += extra
@@ -291,8 +307,19 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
         build = g.get("build", "")
         if "fused_kernels" in build:
             match.cause += " (Megatron-LM's fused kernels are compiled on first use and kept there)"
+            if "..." in build or not os.path.isabs(build):
+                match.fix = ("rm -rf \"$(python -c 'import megatron.fused_kernels as k, os; print(os.path.dirname(k.__file__))')"
+                             "/build\"  # the path is shortened in the text: this finds the checkout's build folder; "
+                             "it is rebuilt against the installed torch on the next run")
     elif match.id == "transformer-engine-cublas":
-        major = g.get("major", "12")
+        major = g.get("major") or (facts.torch_cuda or "").split(".")[0]
+        if not major:
+            match.cause = match.cause.replace("(?)", "(its major version is not in this text)")
+            match.fix = ("python -c \"import torch; print(torch.version.cuda)\"  # the CUDA major version; then: pip install "
+                         "--upgrade nvidia-cublas-cu12 for CUDA 12, nvidia-cublas for CUDA 13")
+            return
+        if not g.get("lib"):
+            match.cause = match.cause.replace("(?)", f"(libcublasLt.so.{major}, by torch's CUDA {facts.torch_cuda})")
         dist = "nvidia-cublas" if int(major) >= 13 else f"nvidia-cublas-cu{major}"
         match.fix = (f'pip install --upgrade "{dist}"  # the cuBLAS wheel for CUDA {major}\n'
                      "# if a system cuBLAS is found first: echo $LD_LIBRARY_PATH (drop /usr/local/cuda*/lib64) and "
@@ -306,7 +333,7 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
     elif match.id == "vllm-missing":
         match.cause, match.fix, match.confident = _vllm_missing(facts)
     elif match.id == "shadowed-by-local-file":
-        pkg = g.get("pkg") or g.get("pkg2") or ""
+        pkg = g.get("pkg") or g.get("pkg2") or g.get("pkg3") or ""
         path = g.get("path")
         local = _local_shadow(pkg, facts.cwd)
         if path:
@@ -399,6 +426,8 @@ def env_vcmp(a: str, b: str) -> int:
 
 def _megatron_module_history(mod: str, facts: Facts) -> Match | None:
     """`No module named 'megatron.core.X'`: which releases have it (from the release table)."""
+    if not facts.mcore_version:
+        return None  # megatron-core is not installed: installing it is the answer (megatron-core-missing)
     found = history.lookup_module(mod, facts.mcore_version)
     if found is None:
         # a deeper module the table does not know: look for its nearest known parent
@@ -444,8 +473,9 @@ def explain(text: str, torch_cxx11_abi: bool | None = None, install=None, facts:
     def get_facts() -> Facts:
         if not lazy:
             lazy.append(facts if facts is not None else Facts.current())
-            if install is not None:
+            if install is not None:  # called by a check: the check's own findings decide the fix
                 lazy[0].install = install
+                lazy[0].extra["from_checks"] = True
         return lazy[0]
 
     missing = re.findall(r"No module named '(megatron\.[\w.]+)'", text)
@@ -484,7 +514,8 @@ def explain(text: str, torch_cxx11_abi: bool | None = None, install=None, facts:
     return matches
 
 
-_NEEDS_FACTS = {"megatron-training-missing", "torch-driver", "glibc-too-old", "python-no-wheel", "vllm-missing", "shadowed-by-local-file",
+_NEEDS_FACTS = {"cuda-driver-insufficient", "megatron-core-missing", "transformer-engine-cublas",
+                "megatron-training-missing", "torch-driver", "glibc-too-old", "python-no-wheel", "vllm-missing", "shadowed-by-local-file",
                 "megatron-namespace", "megatron-core-te-import"}
 
 

@@ -373,7 +373,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # source: https://github.com/pytorch/pytorch/issues/87279
     Signature(
         "torch-libstdcxx",
-        (r"version `(?P<ver>GLIBCXX_[\d.]+|CXXABI_[\d.]+)' not found",),
+        (r"version [`'](?P<ver>GLIBCXX_[\d.]+|CXXABI_[\d.]+)' not found",),
         "the system libstdc++ is older than the one the binary needs ({ver}); a conda or newer libstdc++ "
         "is shadowed by /usr/lib",
         "conda install -c conda-forge 'libstdcxx-ng>=12'  # or: export LD_LIBRARY_PATH=$CONDA_PREFIX/lib:$LD_LIBRARY_PATH",
@@ -485,7 +485,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # source: https://github.com/pyg-team/pyg-lib/issues/548
     Signature(
         "glibc-too-old",
-        (r"version `GLIBC_(?P<ver>\d+\.\d+)' not found(?: \(required by (?P<lib>[^)\s]+)\))?",),
+        (r"version [`'‘]GLIBC_(?P<ver>\d+\.\d+)['’] not found(?: \(required by (?P<lib>[^)\s]+)\))?",),
         "the system C library (glibc) is older than {ver}, the version {lib} was built for: the wheel's "
         "manylinux tag needs a newer Linux than this one",
         "see your glibc: ldd --version\n"
@@ -549,8 +549,9 @@ SIGNATURES: tuple[Signature, ...] = (
         "shadowed-by-local-file",
         (r"(?:No module named '(?P<pkg>\w+)\.[\w.]+'; '(?P=pkg)' is not a package|"
          r"cannot import name '\w+' from (?:partially initialized module )?'(?P<pkg2>\w+)'"
-         r"(?: \(most likely due to a circular import\))? \((?P<path>[^)]*?(?P=pkg2)\.py)\))",),
-        "a file named {pkg}{pkg2}.py is imported instead of the installed package {path}",
+         r"(?: \(most likely due to a circular import\))? \((?P<path>[^)]*?(?P=pkg2)\.py)\)|"
+         r"partially initialized module '(?P<pkg3>\w+)' has no attribute '\w+' \(most likely due to a circular import\))",),
+        "a local file or folder is imported instead of the installed package",
         "rename the file (and delete its __pycache__), or run from another directory",
         weight=49,
         source="https://github.com/vllm-project/vllm/issues/475",
@@ -564,6 +565,38 @@ SIGNATURES: tuple[Signature, ...] = (
         "use a Python the package supports (see below), e.g. a new virtual environment: "
         "python3.12 -m venv .venv && .venv/bin/pip install {req}",
         weight=40,
+        source="https://github.com/phoronix-test-suite/test-profiles/issues/337",
+    ),
+    # source: https://github.com/fal-ai-community/video-diffusion-speedrun/issues/2
+    Signature(
+        "nccl-shm",
+        (r"(?:creating|attaching to) shared memory segment[^\n]*(?:/dev/shm|nccl-)",),
+        "NCCL could not set up its shared memory in /dev/shm (in a container: too small, not writable, or not shared "
+        "between the ranks' containers)",
+        "docker run --ipc=host ...  # or --shm-size=16g; Kubernetes: an emptyDir with medium: Memory at /dev/shm\n"
+        "# check: df -h /dev/shm; workaround: export NCCL_SHM_DISABLE=1 (slower intra-node collectives); "
+        "NCCL_DEBUG=INFO shows more",
+        weight=46,
+        source="https://github.com/fal-ai-community/video-diffusion-speedrun/issues/2",
+    ),
+    # source: https://github.com/nagadomi/nunif/issues/702
+    Signature(
+        "cuda-driver-insufficient",
+        (r"CUDA driver version is insufficient for CUDA runtime version",),
+        "the NVIDIA driver is older than the CUDA runtime the program (torch or an extension) was built with",
+        "upgrade the NVIDIA driver, or install a torch built for the CUDA version `nvidia-smi` shows",
+        weight=39,
+        source="https://github.com/nagadomi/nunif/issues/702",
+    ),
+    # source: https://github.com/phoronix-test-suite/test-profiles/issues/337
+    Signature(
+        "python-no-wheel-megatron-core",
+        (r"No matching distribution found for (?P<req>megatron[-_]core\s*==\s*(?P<v>0\.(?:1[7-9]|[2-9]\d)[\w.]*))",),
+        "megatron-core {v} publishes wheels for Python 3.12 only (cp312; `pip index versions megatron-core` lists "
+        "nothing above 0.16.1 for Python 3.11), so pip finds no distribution on this Python",
+        "python3.12 -m venv .venv && .venv/bin/pip install \"{req}\"  # or stay on this Python with "
+        "megatron-core 0.16.1",
+        weight=41,
         source="https://github.com/phoronix-test-suite/test-profiles/issues/337",
     ),
     # source: https://github.com/facebookresearch/xformers/issues/982
@@ -587,8 +620,8 @@ SIGNATURES: tuple[Signature, ...] = (
     # source: https://github.com/NVIDIA/TransformerEngine/issues/2504
     Signature(
         "transformer-engine-cublas",
-        (r"libtransformer_engine\.so: undefined symbol:?\s*(?P<sym>cublas\w+), version (?P<lib>libcublas\w*\.so\.(?P<major>\d+))",),
-        "the cuBLAS that was loaded ({lib}) is older than the one Transformer Engine was built with: it lacks "
+        (r"libtransformer_engine\.so: undefined symbol:?\s*(?P<sym>cublas\w+)(?:, version (?P<lib>libcublas\w*\.so\.(?P<major>\d+)))?",),
+        "the cuBLAS library that was loaded ({lib}) is older than the one Transformer Engine was built with: it lacks "
         "{sym}. Transformer Engine and torch match; cuBLAS does not",
         "pip install --upgrade \"nvidia-cublas-cu{major}\"  # placeholder, filled from the major version",
         weight=57,
