@@ -353,3 +353,34 @@ def test_megatron_core_installed_but_not_found_is_not_sure(tmp_path):
     # not installed: the install command, as before
     gone = _best("ModuleNotFoundError: No module named 'megatron.core'\n", facts(mcore_version=None))
     assert gone.confident and 'pip install "megatron-core>=0.12,<0.20"' in gone.fix
+
+
+def test_megatron_namespace_parts_of_other_distributions():
+    assert dists.install_fix("megatron.energon", EMPTY) == 'pip install "megatron-energon"'
+    assert dists.install_fix("megatron.core.timers", EMPTY) == 'pip install "megatron-core>=0.12,<0.20"'
+
+
+def test_history_generator_reads_wheels_as_zip_files(tmp_path):
+    """build_mcore_history on two small wheels of the real layout: modules, names and ranges."""
+    import zipfile
+
+    from verl_bridge.doctor import build_mcore_history as gen
+
+    def wheel(version: str, files: dict[str, str]) -> str:
+        path = tmp_path / f"megatron_core-{version}-cp311-cp311-manylinux_2_28_x86_64.whl"
+        with zipfile.ZipFile(path, "w") as zf:
+            for name, body in files.items():
+                zf.writestr(name, body)
+        return str(path)
+
+    old = wheel("0.8.0", {"megatron/core/__init__.py": "from .a import A\n",
+                          "megatron/core/a.py": "class A: pass\ndef old_fn(): pass\n_private = 1\n",
+                          "megatron/core/gone/__init__.py": "try:\n    import x\nexcept ImportError:\n    HAVE_X = False\n"})
+    new = wheel("0.10.0", {"megatron/core/__init__.py": "from .a import A\n",
+                           "megatron/core/a.py": "class A: pass\ndef new_fn(): pass\n"})
+    data = gen.build([new, old])
+    assert data["releases"] == ["0.8.0", "0.10.0"]
+    assert data["modules"]["megatron.core.gone"] == "0-0" and data["modules"]["megatron.core.a"] == "0-1"
+    assert data["modules"]["megatron"] == "0-1"  # the namespace package without an __init__.py
+    assert data["names"]["megatron.core.a"] == {"0-0": "old_fn", "0-1": "A", "1-1": "new_fn"}
+    assert data["names"]["megatron.core.gone"] == {"0-0": "HAVE_X x"}

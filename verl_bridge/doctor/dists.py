@@ -119,6 +119,9 @@ UNRELATED: dict[str, str] = {
 APEX_BUILD = ("git clone https://github.com/NVIDIA/apex && cd apex && pip install -v --no-build-isolation "
               "--config-settings \"--build-option=--cpp_ext\" --config-settings \"--build-option=--cuda_ext\" .")
 
+# other distributions that install into the `megatron` namespace (not megatron-core's files)
+MEGATRON_OTHER_DISTS = {"energon": "megatron-energon", "bridge": "megatron-bridge"}
+
 _LM_PARTS = ("training", "legacy", "mpu", "arguments", "initialize", "global_vars", "checkpointing", "model",
              "tokenizer", "text_generation", "optimizer", "inference", "post_training", "rl", "data", "utils")
 
@@ -223,6 +226,8 @@ def install_fix(module: str, dists: env.DistIndex, mcore_version: str | None = N
         if any(r in d.files for r in rel_candidates) or (len(parts) == 1 and d.files):
             return reinstall(d)
     if top == "megatron":
+        if len(parts) > 1 and parts[1] in MEGATRON_OTHER_DISTS:
+            return f'pip install "{MEGATRON_OTHER_DISTS[parts[1]]}"'
         if len(parts) > 1 and parts[1] in _LM_PARTS:
             return megatron_lm_clone(mcore_version)
         core = dists.get("megatron-core")
