@@ -530,6 +530,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "# common causes in containers: /dev/shm too small or not writable (df -h /dev/shm; docker --ipc=host "
         "or --shm-size); several NCCL copies (verl-bridge doctor); network interface: NCCL_SOCKET_IFNAME",
         weight=20,
+        none_of=(r"OutOfMemoryError|CUDA out of memory",),
         confident=False,
         source="https://github.com/vllm-project/vllm/issues/6574",
     ),
@@ -541,6 +542,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "read the first NCCL WARN line of the failing rank: it names the failing call; "
         "export NCCL_DEBUG=INFO for the full log",
         weight=15,
+        none_of=(r"OutOfMemoryError|CUDA out of memory",),
         confident=False,
         source="https://github.com/NVIDIA/nccl/issues/342",
     ),
