@@ -7,6 +7,7 @@ the machine the tests run on; ``test_facts_are_read_from_this_environment`` cove
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 
@@ -384,3 +385,45 @@ def test_history_generator_reads_wheels_as_zip_files(tmp_path):
     assert data["modules"]["megatron"] == "0-1"  # the namespace package without an __init__.py
     assert data["names"]["megatron.core.a"] == {"0-0": "old_fn", "0-1": "A", "1-1": "new_fn"}
     assert data["names"]["megatron.core.gone"] == {"0-0": "HAVE_X x"}
+
+
+TORCHVISION_CUDA = ("RuntimeError: Detected that PyTorch and torchvision were compiled with different CUDA major "
+                    "versions. PyTorch has CUDA Version=12.1 and torchvision has CUDA Version=11.8. Please reinstall "
+                    "the torchvision that matches your PyTorch install.\n")
+
+
+def test_torchvision_built_for_another_cuda():
+    here = _best(TORCHVISION_CUDA, facts(torch_version="2.5.1+cu121", torch_cuda="12.1"))
+    assert here.id == "torchvision-cuda-mismatch" and "CUDA 11.8" in here.cause and "CUDA 12.1" in here.cause
+    assert here.fix.startswith('pip install --force-reinstall --no-deps "torchvision==0.20.*" '
+                               "--index-url https://download.pytorch.org/whl/cu121")
+
+
+def test_torchvision_fix_computes_the_release_from_the_users_torch(tmp_path):
+    """The text is from another machine (its CUDA is not this torch's): the printed command reads the
+    user's torch itself. Run with `pip` replaced by `echo`, in this test environment (torch 2.x)."""
+    import sys
+
+    import torch
+
+    fix = _best(TORCHVISION_CUDA).fix
+    assert "$(python -c" in fix
+    env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"}
+    out = subprocess.run(["bash", "-e", "-c", "pip() { echo \"$@\"; }\n" + fix], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    minor = int(torch.__version__.split(".")[1])
+    assert f"torchvision==0.{minor + 15}.*" in out and "--index-url https://download.pytorch.org/whl/cu121" in out
+
+
+def test_torchvision_ops_and_pip_pin_conflicts():
+    ops = _best("RuntimeError: operator torchvision::nms does not exist\n",
+                facts(torch_version="2.13.0+cpu", torch_cuda=None))
+    assert ops.id == "torchvision-ops-mismatch"
+    assert ops.fix.startswith('pip install --force-reinstall --no-deps "torchvision==0.28.*" '
+                              "--index-url https://download.pytorch.org/whl/cpu")
+    assert "pip uninstall -y torchvision torchaudio torchcodec" in ops.fix
+    pin = _best("torchvision 0.18.1+cu121 requires torch==2.3.1, but you have torch 2.3.0 which is incompatible.\n")
+    assert pin.id == "torch-pin-conflict" and "torchvision 0.18.1+cu121 is built for torch 2.3.1" in pin.cause
+    assert pin.fix.startswith('pip install "torch==2.3.1"') and '"torch==2.3.0"' in pin.fix
+    vllm = _best("vllm 0.7.3 requires torch==2.5.1, but you have torch 2.4.0+cu124 which is incompatible.\n")
+    assert vllm.id == "vllm-torch-pin"  # the vLLM-specific signature wins over the general one

