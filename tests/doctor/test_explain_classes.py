@@ -427,3 +427,12 @@ def test_torchvision_ops_and_pip_pin_conflicts():
     assert pin.fix.startswith('pip install "torch==2.3.1"') and '"torch==2.3.0"' in pin.fix
     vllm = _best("vllm 0.7.3 requires torch==2.5.1, but you have torch 2.4.0+cu124 which is incompatible.\n")
     assert vllm.id == "vllm-torch-pin"  # the vLLM-specific signature wins over the general one
+
+
+def test_megatron_core_from_a_checkout_is_named():
+    text = ("ImportError: cannot import name 'get_pg_size' from 'megatron.core.utils' "
+            "(/home/u/Megatron-LM/megatron/core/utils.py)\n")
+    best = _best(text)
+    assert best.id == "megatron-core-api" and "imported from /home/u/Megatron-LM" in best.cause
+    assert "exists in megatron-core >= " in best.cause
+    assert best.fix.startswith('see which release that copy is: python -c "import megatron.core as m; print(m.__version__)"')

@@ -244,6 +244,21 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
                 match.cause += f". {entry.describe()}"
                 if entry.new:
                     match.fix = f"use {entry.new} (" + entry.when() + ")\n" + match.fix
+            src = re.findall(r"cannot import name '\w+' from 'megatron\.core[\w.]*' \(([^)]+)\)", text)
+            checkout = None
+            if src and src[-1] != "unknown location" and not re.search(r"(?:site|dist)-packages", src[-1]):
+                m2 = re.match(r"(.*?)[/\\]megatron[/\\]core[/\\]", src[-1])
+                checkout = m2.group(1) if m2 else None
+            if checkout is not None:
+                match.cause += (f". `megatron.core` was imported from {checkout} (a Megatron-LM checkout or a copy on "
+                                "sys.path), not from an installed megatron-core wheel")
+                rels = history.name_releases(mod, name)
+                if rels:
+                    match.cause += f"; `{mod}.{name}` exists in megatron-core {history.span(rels)}"
+                match.fix = (f"see which release that copy is: python -c \"import megatron.core as m; print(m.__version__)\"  "
+                             f"# then check out the Megatron-LM release your code expects in {checkout}, or remove it "
+                             "from PYTHONPATH to use the installed megatron-core\n" + match.fix)
+                return
             found = history.lookup_name(mod, name, facts.mcore_version)
             if found is not None and not found.present_in_installed():
                 cause, fix = _history_text(found, facts)
