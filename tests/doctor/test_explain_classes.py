@@ -436,3 +436,11 @@ def test_megatron_core_from_a_checkout_is_named():
     assert best.id == "megatron-core-api" and "imported from /home/u/Megatron-LM" in best.cause
     assert "exists in megatron-core >= " in best.cause
     assert best.fix.startswith('see which release that copy is: python -c "import megatron.core as m; print(m.__version__)"')
+
+
+def test_apex_extension_with_an_undefined_symbol_is_rebuilt():
+    best = _best("ImportError: /venv/lib/python3.11/site-packages/fused_layer_norm_cuda.cpython-311-x86_64-linux-gnu.so:"
+                 " undefined symbol: _ZN3c104cuda9SetDeviceEi\n")
+    assert best.id == "undefined-symbol" and "apex" in best.cause
+    assert best.fix.startswith("pip uninstall -y apex && git clone https://github.com/NVIDIA/apex")
+    assert not dists.bad_install(best.fix)

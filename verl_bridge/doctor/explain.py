@@ -581,6 +581,13 @@ def _undefined_symbol_match(lib: str | None, d: symbols.SymbolDiagnosis, facts: 
     if lib:
         dist = (facts.owner(lib) if facts.owner else None) or _dist_from_site_path(lib)
     cause = f"{what} has an undefined symbol {d.demangled}: {d.cause}"
+    top = os.path.basename(lib or "").split(".")[0]
+    if lib and top in ("amp_C", "apex_C", "fused_layer_norm_cuda", "fused_weight_gradient_mlp_cuda", "syncbn",
+                       "fused_adam_cuda", "scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda"):
+        from . import dists
+
+        return Match("undefined-symbol", cause + " (the library is one of NVIDIA apex's extensions, built from source)",
+                     "pip uninstall -y apex && " + dists.APEX_BUILD + "  # rebuilds apex against the installed torch")
     if dist:
         torch = f"torch=={facts.torch_version.split('+')[0]}" if facts.torch_version else "torch"
         fix = (f'pip install --force-reinstall --no-deps --no-build-isolation "{dist}"  # rebuilds/reinstalls it '
