@@ -311,11 +311,11 @@ def test_cli_prints_one_headline_and_its_fix(tmp_path):
     run = fake.run("--explain", TEXTS["transformer-engine-cublas"])
     assert run.rc == 1, run
     lines = run.out.splitlines()
-    assert lines[0].startswith("[transformer-engine-cublas]") and "cuBLAS" in lines[0]
+    assert lines[0].startswith("1. [transformer-engine-cublas]") and "cuBLAS" in lines[0]
     assert lines[1].startswith('   fix: pip install --upgrade "nvidia-cublas"')
     assert lines[-1].startswith("also matched, less specific") and "transformer-engine-abi" in lines[-1]
     unsure = fake.run("--explain", TEXTS["nccl-error"])
-    assert unsure.out.startswith("[nccl-error] not sure:") and "   check: " in unsure.out
+    assert unsure.out.startswith("1. [nccl-error] not sure:") and "   check: " in unsure.out
 
 
 MORE_SHAPES = [

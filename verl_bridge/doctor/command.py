@@ -117,9 +117,9 @@ def _explain(src: str, as_json: bool) -> int:
     else:
         best, rest = matches[0], matches[1:]
         if best.confident:
-            click.echo(f"[{best.id}] {best.cause}")
+            click.echo(f"1. [{best.id}] {best.cause}")
         else:
-            click.echo(f"[{best.id}] not sure: {best.cause}")
+            click.echo(f"1. [{best.id}] not sure: {best.cause}")
         label = "fix: " if best.confident else "check: "
         for j, line in enumerate(best.fix.splitlines()):
             click.echo(f"   {label if j == 0 else ' ' * len(label)}{line}")
