@@ -444,3 +444,9 @@ def test_apex_extension_with_an_undefined_symbol_is_rebuilt():
     assert best.id == "undefined-symbol" and "apex" in best.cause
     assert best.fix.startswith("pip uninstall -y apex && git clone https://github.com/NVIDIA/apex")
     assert not dists.bad_install(best.fix)
+
+
+def test_vllm_missing_uses_the_torch_named_in_the_text():
+    text = "PyTorch version: 2.6.0+cu124\n" + TEXTS["vllm-missing"]
+    best = _best(text, facts(torch_version="2.13.0+cpu", torch_cuda=None))
+    assert best.fix.startswith('pip install "vllm" "torch==2.6.0"') and "named in the text" in best.cause

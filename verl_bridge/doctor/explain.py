@@ -385,7 +385,16 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
         if facts.mcore_version:
             match.cause += f"; megatron-core {facts.mcore_version} is installed here"
     elif match.id == "vllm-missing":
+        # a torch named in the text itself (an environment dump, pip's output) is the user's
+        named = re.findall(r"(?:PyTorch version|torch)(?:\s*[:=]+\s*|\s+)(\d+\.\d+\.\d+\+(?:cpu|cu\d+))", text)
+        if named:
+            tv = named[-1]
+            cu = re.match(r".*\+cu(\d+)(\d)$", tv)
+            facts = Facts(**{**facts.__dict__, "torch_version": tv,
+                             "torch_cuda": f"{cu.group(1)}.{cu.group(2)}" if cu else None})
         match.cause, match.fix, match.confident = _vllm_missing(facts)
+        if named:
+            match.cause += f" (torch {named[-1]} is the one named in the text)"
     elif match.id == "shadowed-by-local-file":
         pkg = g.get("pkg") or g.get("pkg2") or g.get("pkg3") or ""
         path = g.get("path")
