@@ -450,3 +450,14 @@ def test_vllm_missing_uses_the_torch_named_in_the_text():
     text = "PyTorch version: 2.6.0+cu124\n" + TEXTS["vllm-missing"]
     best = _best(text, facts(torch_version="2.13.0+cpu", torch_cuda=None))
     assert best.fix.startswith('pip install "vllm" "torch==2.6.0"') and "named in the text" in best.cause
+
+
+def test_apex_built_with_another_cuda_toolkit():
+    text = ("Cuda compilation tools, release 12.3, V12.3.52\nTraceback (most recent call last):\n"
+            "  File \"setup.py\", line 178, in <module>\n    check_cuda_torch_binary_vs_bare_metal(CUDA_HOME)\n"
+            "RuntimeError: Cuda extensions are being compiled with a version of Cuda that does not match the version "
+            "used to compile Pytorch binaries.  Pytorch binaries were compiled with Cuda 12.1.\n")
+    best = _best(text)
+    assert best.id == "apex-cuda-toolkit-mismatch" and "CUDA 12.1" in best.cause and "CUDA 12.3" in best.cause
+    assert best.fix.startswith("export CUDA_HOME=/usr/local/cuda-12.1 PATH=/usr/local/cuda-12.1/bin:$PATH")
+    assert "whl/cu123" in best.fix

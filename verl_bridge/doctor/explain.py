@@ -302,6 +302,14 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
         if match.id == "torchvision-ops-mismatch":
             match.fix += (f"\n# code that never uses images (vLLM text generation, verl-bridge training) can drop it: "
                           "pip uninstall -y torchvision torchaudio torchcodec")
+    elif match.id == "apex-cuda-toolkit-mismatch":
+        nvcc = re.findall(r"Cuda compilation tools, release (\d+\.\d+)", text)
+        if nvcc:
+            have = nvcc[-1]
+            match.cause += f" (nvcc in the text: CUDA {have})"
+            tag = "cu" + have.replace(".", "")
+            match.fix = (match.fix.split("\n")[0] + f"\n# or install the torch built for CUDA {have}: pip install --force-reinstall "
+                         f"torch --index-url https://download.pytorch.org/whl/{tag}  (if that build exists)")
     elif match.id == "cuda-driver-insufficient":
         drv = facts.driver
         match.cause += (f"; this machine's driver is {drv}" if drv else

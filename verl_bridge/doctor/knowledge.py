@@ -634,6 +634,17 @@ SIGNATURES: tuple[Signature, ...] = (
         weight=42,
         source="https://github.com/facebookresearch/xformers/issues/1052",
     ),
+    # source: https://github.com/NVIDIA/apex/issues/1748
+    Signature(
+        "apex-cuda-toolkit-mismatch",
+        (r"Cuda extensions are being compiled with a version of Cuda that does\s+not match the version used to compile "
+         r"Pytorch binaries\.\s+Pytorch binaries were compiled with Cuda (?P<want>\d+\.\d+)",),
+        "apex is being compiled with a CUDA toolkit (nvcc) of another version than the CUDA {want} torch was built with",
+        "export CUDA_HOME=/usr/local/cuda-{want} PATH=/usr/local/cuda-{want}/bin:$PATH  # a CUDA {want} toolkit, "
+        "then build apex again\n# or install the torch built for your toolkit's CUDA (nvcc --version shows it)",
+        weight=41,
+        source="https://github.com/NVIDIA/apex/issues/1748",
+    ),
     # source: https://github.com/facebookresearch/xformers/issues/982
     Signature(
         "extension-built-for-other-torch",
