@@ -207,10 +207,17 @@ def test_local_file_shadowing(tmp_path):
 
 def test_megatron_folder_in_the_working_directory(tmp_path):
     (tmp_path / "megatron").mkdir()
-    text = ("ImportError: cannot import name 'get_args' from 'megatron' "
+    text = ("ImportError: cannot import name 'data_utils' from 'megatron' "
             f"({tmp_path}/megatron/__init__.py)\n")
     best = _best(text, facts(cwd=str(tmp_path)))
     assert best.id == "megatron-namespace" and f"{tmp_path}/megatron" in best.cause and "shadows" in best.cause
+    # get_args from a current Megatron-LM checkout: the layout moved (megatron.training), nothing shadows
+    moved = _best(text.replace("data_utils", "get_args"), facts(cwd=str(tmp_path)))
+    assert moved.id == "megatron-training-legacy-api" and "megatron.training" in moved.fix
+    # from site-packages: the PyPI `megatron` package shadows the namespace, as before
+    site = _best("ImportError: cannot import name 'get_args' from 'megatron' "
+                 "(/opt/conda/lib/python3.8/site-packages/megatron/__init__.py)\n")
+    assert site.id == "megatron-namespace" and "pip uninstall -y megatron" in site.fix
 
 
 def test_python_without_wheels_says_which_python():

@@ -559,6 +559,14 @@ def explain(text: str, torch_cxx11_abi: bool | None = None, install=None, facts:
     if any(m.id == "megatron-core-api" for m in matches) or any(
             m.id in _NEEDS_FACTS for m in matches):
         get_facts()
+    ids = {m.id for m in matches}
+    if {"megatron-namespace", "megatron-training-legacy-api"} <= ids:
+        # `from megatron import get_args` failing in a Megatron-LM checkout (not site-packages): the checkout is
+        # the current layout (megatron.training), not a shadowing package
+        ns = next(m for m in matches if m.id == "megatron-namespace")
+        path = getattr(ns, "groups", {}).get("path", "")
+        if "site-packages" not in path and "dist-packages" not in path:
+            ns.weight = 10
     matches.sort(key=lambda m: (-m.weight, -m.position))
     for m in matches:
         _enrich(m, text, torch_cxx11_abi, get_facts() if (m.id in _NEEDS_FACTS or m.id == "megatron-core-api") else Facts())
