@@ -358,3 +358,20 @@ def test_explain_vllm_missing_on_a_cpu_torch_and_apply_its_fix(tmp_path, shared,
     checks = env.doctor()
     assert checks["vllm"]["status"] == "ok", checks["vllm"]
     assert checks["torch"]["status"] == "ok", checks["torch"]
+
+
+def test_explain_reads_the_release_table_from_the_installed_wheel(tmp_path, shared):
+    """The megatron-core release table ships inside the verl-bridge wheel: --explain in an installed
+    (non-editable) environment answers a module of another release from it."""
+    env = _new_env(tmp_path, shared)
+    env.pip("install", "--no-deps", _whl("megatron_core-0.16.1-*.whl"))
+    where = subprocess.run([str(env.python), "-c", "import verl_bridge.doctor.history as h; print(h.__file__)"],
+                           cwd=env.work, env=env.environ(), capture_output=True, text=True, check=True).stdout
+    assert "site-packages" in where and str(REPO) not in where, where
+    proc = subprocess.run([str(env.venv / "bin" / "verl-bridge"), "doctor", "--explain",
+                           "ModuleNotFoundError: No module named 'megatron.core.distributed.custom_fsdp'", "--json"],
+                          cwd=env.work, env=env.environ(), capture_output=True, text=True, timeout=120)
+    best = json.loads(proc.stdout)["matches"][0]
+    assert best["id"] == "megatron-core-version", best
+    assert "exists in megatron-core 0.12.0 to 0.13.1; you have 0.16.1" in best["cause"]
+    assert 'pip install "megatron-core==0.13.1"' in best["fix"]
