@@ -39,6 +39,7 @@ def test_wheel_ships_codemods_and_templates(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "verl_bridge/codemods/migrate_ppo_loop.py" in names
     assert "verl_bridge/templates/quickstart.yaml" in names
+    assert "verl_bridge/doctor/data/mcore_history.json" in names  # doctor --explain's megatron-core release table
     assert "verl_bridge/templates/megatron_ppo.yaml" in names
     assert any(n.endswith("entry_points.txt") for n in names)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from verl_bridge.doctor import knowledge
-from verl_bridge.doctor.explain import explain
+from verl_bridge.doctor.explain import Facts, explain
 
 from .fakeenv import FakeEnv
 
@@ -94,7 +94,7 @@ def test_cli_explain_json_from_stdin_and_file(fake: FakeEnv):
     run = fake.run("--explain", "-", "--json", stdin=CASES[0][0] + "\n")
     assert run.rc == 1
     assert run.json()["matches"][0] == {"id": "megatron-training", "cause": explain(CASES[0][0])[0].cause,
-                                        "fix": explain(CASES[0][0])[0].fix}
+                                        "fix": explain(CASES[0][0])[0].fix, "confident": True}
     log = fake.file("log.txt", CASES[2][0] + "\n")
     text = fake.run("--explain", str(log))
     assert text.rc == 1 and "[flash-attn-abi]" in text.out and "github.com/Dao-AILab" in text.out
@@ -131,9 +131,19 @@ def test_no_fix_installs_an_import_name_that_is_another_project():
     assert dists.install_fix("yaml", empty) == 'pip install "pyyaml"'
 
 
-def test_unknown_missing_module_falls_back_to_a_generic_cause():
-    m = explain("ModuleNotFoundError: No module named 'sglang.srt'")
-    assert [x.id for x in m] == ["python-missing-module"] and "pip install sglang" in m[0].fix
+def test_missing_module_distribution_comes_from_data_never_a_guess():
+    from verl_bridge.doctor import dists
+    from verl_bridge.doctor.env import DistIndex
+
+    empty = DistIndex([])
+    facts = Facts(install=lambda mod: dists.install_fix(mod, empty))
+    m = explain("ModuleNotFoundError: No module named 'sglang.srt'", facts=facts)
+    assert [x.id for x in m] == ["python-missing-module"] and 'pip install "sglang"' in m[0].fix
+    nemo = explain("ModuleNotFoundError: No module named 'nemo'", facts=facts)[0]
+    assert 'pip install "nemo_toolkit"' in nemo.fix and nemo.confident
+    unknown = explain("ModuleNotFoundError: No module named 'qzx_private_lib'", facts=facts)[0]
+    assert not unknown.confident and "unknown" in unknown.fix and "pip install qzx" not in unknown.fix
+    assert "qzx_private_lib/__init__.py" in unknown.fix
 
 
 def test_megatron_lm_initialize_moved_parsing(fake: FakeEnv):

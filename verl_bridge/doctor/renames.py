@@ -48,7 +48,7 @@ RENAMES: tuple[Rename, ...] = (
            note="the old module only re-exports with a DeprecationWarning"),
     # Explicit process groups: ModelCommProcessGroups / model_comm_pgs became ProcessGroupCollection / pg_collection.
     Rename("megatron.core.process_groups_config.ModelCommProcessGroups",
-           "megatron.core.process_groups_config.ProcessGroupCollection", "0.14", "0.14"),
+           "megatron.core.process_groups_config.ProcessGroupCollection", "0.15", "0.15"),  # the wheels: 0.14.0 has only the old name
     # Megatron-LM (not the megatron-core wheel): training code moved under megatron.training (core_r0.6.0).
     Rename("megatron.get_args", "megatron.training.get_args", "0.6", "0.6", package="Megatron-LM"),
     Rename("megatron.get_timers", "megatron.training.get_timers", "0.6", "0.6", package="Megatron-LM"),
