@@ -231,14 +231,11 @@ def read_full_megatron(src_dir, iteration=None) -> tuple[dict, argparse.Namespac
             raise CheckpointError(f"no valid checkpoint in {src_dir}")
     d = iter_dir(src_dir, iteration)
     if is_torch_dist_dir(d):
-        from megatron.core import dist_checkpointing
-
         from verl_bridge.checkpoint.megatron import load
-        from verl_bridge.checkpoint.safe_load import safe_globals
+        from verl_bridge.checkpoint.safe_torch_dist import load_common
 
         with world_of_one():
-            with torch.serialization.safe_globals(safe_globals()):
-                common = dist_checkpointing.load_common_state_dict(str(d))
+            common = load_common(d)
             args = common["args"]
             meta = common.get("verl_bridge", {})
             model = _full_tp1_model(args, meta.get("arch") or _arch_from_args(args))

@@ -56,7 +56,7 @@ from verl_bridge.checkpoint.layout import (
     list_iterations,
     rank_dir_name,
 )
-from verl_bridge.checkpoint.safe_load import CheckpointError, CorruptCheckpointError, safe_globals, safe_load
+from verl_bridge.checkpoint.safe_load import CheckpointError, CorruptCheckpointError, safe_load
 from verl_bridge.checkpoint.torch_dist import SyncTorchDistSaveStrategy, is_torch_dist_dir
 
 log = logging.getLogger(__name__)
@@ -257,6 +257,9 @@ def validate_iteration(load_dir, iteration) -> None:
             if not (d / name).is_file():
                 raise CorruptCheckpointError(f"checkpoint file {d / name} is missing")
         _check_zip(d / "common.pt")
+        from verl_bridge.checkpoint.safe_torch_dist import read_metadata
+
+        read_metadata(d / ".metadata")  # CheckpointError (not skipped) for a type outside the allowlist
         if not list(d.glob("*.distcp")):
             raise CorruptCheckpointError(f"checkpoint directory {d} has no .distcp files")
         return
@@ -297,39 +300,54 @@ def _legacy_path(load_dir, iteration, ranks) -> Path:
     return candidates[0]
 
 
-def _load_torch_dist(d: Path, model, ranks: dict, strict: bool) -> dict:
+def _load_torch_dist(d: Path, model, ranks: dict, strict: bool, trust: bool = False) -> dict:
+    """Read a torch_dist iteration through megatron-core with every pickle behind the allowlist
+    (:mod:`verl_bridge.checkpoint.safe_torch_dist`); ``trust=True`` uses megatron-core's stock path."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
+    from verl_bridge.checkpoint import safe_torch_dist as std
+
     if model is None or not isinstance(model, torch.nn.Module):
         raise CheckpointError(f"loading the torch_dist checkpoint {d} needs model= (its sharded state dict)")
-    try:
-        with torch.serialization.safe_globals(safe_globals()):
-            common = dist_checkpointing.load_common_state_dict(str(d))
-    except Exception as exc:  # noqa: BLE001
-        raise CorruptCheckpointError(f"checkpoint file {d / 'common.pt'} is truncated or corrupted: {exc}") from None
+    std.read_metadata(d / std.METADATA_FILE, trust=trust)  # refuses a payload before megatron reads anything
+    common = std.load_common(d, trust=trust)
     keys = common.get("verl_bridge_sharded_objects", ["rng_state"])
     sharded = {"model": model.sharded_state_dict()}
     for key in keys:
         sharded[key] = ShardedObject(key, None, (ranks["pp_size"], ranks["tp_size"]),
                                      (ranks["pp_rank"], ranks["tp_rank"]), replica_id=ranks["dp_rank"])
     try:
-        with torch.serialization.safe_globals(safe_globals()):
-            loaded = dist_checkpointing.load(sharded, str(d))
-    except Exception as exc:  # noqa: BLE001
-        raise CorruptCheckpointError(f"torch_dist checkpoint {d} could not be read: {exc}") from None
+        if trust:
+            log.warning("loading %s with trust=True: megatron-core's stock reader unpickles without restriction", d)
+            loaded = dist_checkpointing.load(sharded, str(d), common_strategy=std.common_strategy(trust=True))
+        else:
+            with std.mcore_safe_reading(d):
+                loaded = dist_checkpointing.load(sharded, str(d), common_strategy=std.common_strategy())
+    except CheckpointError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - torch's CheckpointException is a BaseException
+        if not (isinstance(exc, Exception) or std.is_dcp_failure(exc)):
+            raise  # KeyboardInterrupt, SystemExit
+        inner = std.unwrap_dcp_failure(exc)
+        if isinstance(inner, CheckpointError):
+            raise inner from None
+        raise CorruptCheckpointError(
+            f"torch_dist checkpoint {d} could not be read: {type(inner).__name__}: {inner}") from None
     model.load_state_dict(loaded["model"], strict=strict)
     loaded.pop("verl_bridge_sharded_objects", None)
     return loaded
 
 
-def load(load_dir, iteration: Optional[int] = None, *, model=None, strict: bool = True) -> dict:
+def load(load_dir, iteration: Optional[int] = None, *, model=None, strict: bool = True, trust: bool = False) -> dict:
     """This rank's state of iteration *iteration* (newest valid one when None).
 
     With ``model=`` the weights are also loaded into it (required for torch_dist, whose tensors
     are read through the model's sharded state dict, resharding across TP/PP as needed).
     When *iteration* is None and the newest checkpoint turns out unreadable, falls back to the
-    previous valid one (logged). Raises :class:`CheckpointError` when nothing can be loaded.
+    previous valid one (logged). Raises :class:`CheckpointError` when nothing can be loaded, or
+    when a file needs a type outside the safe-loading allowlist (never unpickled; ``trust=True``
+    is the explicit opt-in for a trusted checkpoint).
     """
     load_dir = Path(load_dir)
     auto = iteration is None
@@ -342,9 +360,9 @@ def load(load_dir, iteration: Optional[int] = None, *, model=None, strict: bool 
             d = iter_dir(load_dir, it)
             ranks = _ranks()
             if is_torch_dist_dir(d):
-                state = _load_torch_dist(d, model, ranks, strict)
+                state = _load_torch_dist(d, model, ranks, strict, trust)
             else:
-                state = safe_load(_legacy_path(load_dir, it, ranks))
+                state = safe_load(_legacy_path(load_dir, it, ranks), trust=trust)
                 if model is not None:
                     model.load_state_dict(state["model"], strict=strict)
             return state
