@@ -183,7 +183,7 @@ def choose_resume_step(state: TrainerState) -> Optional[int]:
         "no step has both " + " and ".join(roles) + " complete" if not marked else "no complete step is intact")
     raise CheckpointError(
         f"trainer.resume=auto found no usable checkpoint in {root} ({detail}). Found: {'; '.join(found)}. "
-        "Nothing was changed. Restore a good checkpoint there, point trainer.resume at another checkpoint "
+        "No checkpoint and no metrics were changed. Restore a good checkpoint there, point trainer.resume at another checkpoint "
         "directory, or start a new run from step 1 with trainer.resume=never (which replaces metrics.jsonl).")
 
 
