@@ -36,7 +36,7 @@ from verl_bridge.arch import get_arch, hf_to_mcore, mcore_names, mcore_to_hf, me
 from verl_bridge.arch.convert import ModelDims, padded_vocab_size, pp_layer_range, stage_names, to_global_name
 from verl_bridge.arch.hf import SafetensorsDir, dims_from_hf, load_hf_config, save_safetensors_dir
 from verl_bridge.checkpoint.layout import LEGACY_FILE, iter_dir, rank_dir_name
-from verl_bridge.checkpoint.megatron import CHECKPOINT_VERSION, begin, latest_valid_iteration, publish
+from verl_bridge.checkpoint.megatron import CHECKPOINT_VERSION, begin, latest_valid_iteration, publish, validate_iteration
 from verl_bridge.checkpoint.safe_load import CheckpointError, safe_load
 from verl_bridge.checkpoint.torch_dist import is_torch_dist_dir
 
@@ -313,6 +313,8 @@ def read_full_megatron(src_dir, iteration=None) -> tuple[dict, argparse.Namespac
         iteration = latest_valid_iteration(src_dir)
         if iteration is None:
             raise CheckpointError(f"no valid checkpoint in {src_dir}")
+    else:
+        validate_iteration(src_dir, iteration)  # checksums and structure; names the failing file
     d = iter_dir(src_dir, iteration)
     if is_torch_dist_dir(d):
         from verl_bridge.checkpoint.megatron import load
@@ -323,7 +325,7 @@ def read_full_megatron(src_dir, iteration=None) -> tuple[dict, argparse.Namespac
             args = common["args"]
             meta = common.get("verl_bridge", {})
             model = _full_tp1_model(args, meta.get("arch") or _arch_from_args(args))
-            load(src_dir, iteration, model=model)
+            load(src_dir, iteration, model=model, validated=True)
             full = {k: v.detach().clone() for k, v in model.state_dict().items()
                     if not k.endswith("._extra_state") and v is not None}
         return full, args, meta
