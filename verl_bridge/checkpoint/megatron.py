@@ -59,7 +59,7 @@ from verl_bridge.checkpoint.layout import (
     list_iterations,
     rank_dir_name,
 )
-from verl_bridge.checkpoint.safe_load import CheckpointError, CorruptCheckpointError, safe_load
+from verl_bridge.checkpoint.safe_load import CheckpointError, CorruptCheckpointError, safe_globals, safe_load
 from verl_bridge.checkpoint.torch_dist import SyncTorchDistSaveStrategy, is_torch_dist_dir
 
 log = logging.getLogger(__name__)
@@ -437,10 +437,11 @@ def _load_torch_dist(d: Path, model, ranks: dict, strict: bool, trust: bool = Fa
     try:
         if trust:
             log.warning("loading %s with trust=True: megatron-core's stock reader unpickles without restriction", d)
-            loaded = dist_checkpointing.load(sharded, str(d), common_strategy=std.common_strategy(trust=True))
+            with torch.serialization.safe_globals(safe_globals()):
+                loaded = dist_checkpointing.load(sharded, str(d), **std.load_kwargs(trust=True))
         else:
-            with std.mcore_safe_reading(d):
-                loaded = dist_checkpointing.load(sharded, str(d), common_strategy=std.common_strategy())
+            with std.mcore_safe_reading(d), torch.serialization.safe_globals(safe_globals()):
+                loaded = dist_checkpointing.load(sharded, str(d), **std.load_kwargs())
     except CheckpointError:
         raise
     except BaseException as exc:  # noqa: BLE001 - torch's CheckpointException is a BaseException

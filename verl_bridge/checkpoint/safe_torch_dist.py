@@ -20,14 +20,17 @@ byte items of ``__<rank>_<n>.distcp`` (our ``optimizer`` and ``rng_state`` Shard
 
 Tensor data in ``.distcp`` is already read with ``weights_only=True`` by torch.
 
-megatron-core shim (0.13.1 and 0.16.1 alike): ``TorchDistLoadShardedStrategy.load`` builds its
+megatron-core shim (0.13.1, 0.16.1 and, from reading its source, 0.19.2 alike): ``TorchDistLoadShardedStrategy.load`` builds its
 reader with the module function ``_get_filesystem_reader(dir, cache_metadata=True)`` and its planner
 as ``MCoreLoadPlanner(...)`` inside the method (0.13.1 also reads the metadata first through
 ``get_reformulation_metadata`` -> ``_get_filesystem_reader``), with no parameter to pass others.
 :func:`mcore_safe_reading` points those two names of
 ``megatron.core.dist_checkpointing.strategies.torch`` at the safe versions for the duration of one
 load and restores them after; where a megatron-core version lacks them the shim refuses to load
-rather than fall back to unrestricted unpickling.
+rather than fall back to unrestricted unpickling. megatron-core 0.19 dropped ``load``'s
+``common_strategy`` parameter (it reads ``common.pt`` itself with torch's default, weights_only
+on torch >= 2.6): :func:`load_kwargs` passes it only where it exists, and the caller reads
+``common.pt`` through :func:`load_common` first in every version.
 
 A refusal raises :class:`~verl_bridge.checkpoint.safe_load.CheckpointError` naming the type and the
 file, in the same words as the legacy path. ``trust=True`` (the explicit opt-in for trusted files)
@@ -202,7 +205,7 @@ def mcore_safe_reading(checkpoint_dir):
     planner_cls = _planner_class(orig_planner)
     planner_cls.checkpoint_dir = str(checkpoint_dir)
 
-    def safe_reader(path, cache_metadata: bool = False):
+    def safe_reader(path, cache_metadata: bool = False, **_):  # 0.19 adds async_strategy=
         return reader_cls(path)
 
     mcore_torch._get_filesystem_reader = safe_reader
@@ -212,6 +215,17 @@ def mcore_safe_reading(checkpoint_dir):
     finally:
         mcore_torch._get_filesystem_reader = orig_reader
         mcore_torch.MCoreLoadPlanner = orig_planner
+
+
+def load_kwargs(trust: bool = False) -> dict:
+    """Extra keyword arguments for ``dist_checkpointing.load`` (the safe common strategy where accepted)."""
+    import inspect
+
+    from megatron.core import dist_checkpointing
+
+    if "common_strategy" in inspect.signature(dist_checkpointing.load).parameters:
+        return {"common_strategy": common_strategy(trust=trust)}
+    return {}
 
 
 def common_strategy(trust: bool = False):
