@@ -125,7 +125,8 @@ def publish_step(root, step: int, written: dict, *, fmt: str, keep_last: Optiona
     for name in written:
         mckpt.write_tracker(os.path.join(root, name), step)
     if keep_last is not None and keep_last > 0:
-        for old in complete_steps(root)[keep_last:]:
+        # only this step and older ones count: a newer step belongs to another run (never pruned here)
+        for old in [s for s in complete_steps(root) if s <= step][keep_last:]:
             os.remove(marker_path(root, old))  # the step stops being resumable first
             for name in ("actor", "critic"):
                 shutil.rmtree(iter_dir(os.path.join(root, name), old), ignore_errors=True)
