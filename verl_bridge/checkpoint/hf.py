@@ -36,7 +36,7 @@ from verl_bridge.arch import get_arch, hf_to_mcore, mcore_names, mcore_to_hf, me
 from verl_bridge.arch.convert import ModelDims, padded_vocab_size, pp_layer_range, stage_names, to_global_name
 from verl_bridge.arch.hf import SafetensorsDir, dims_from_hf, load_hf_config, save_safetensors_dir
 from verl_bridge.checkpoint.layout import LEGACY_FILE, iter_dir, rank_dir_name
-from verl_bridge.checkpoint.megatron import CHECKPOINT_VERSION, begin, latest_valid_iteration, publish
+from verl_bridge.checkpoint.megatron import CHECKPOINT_VERSION, begin, latest_valid_iteration, publish, validate_iteration
 from verl_bridge.checkpoint.safe_load import CheckpointError, safe_load
 from verl_bridge.checkpoint.torch_dist import is_torch_dist_dir
 
@@ -99,9 +99,85 @@ def _extra_state_names(stage_local: list[str], last: bool) -> list[str]:
 
 # ---- import -------------------------------------------------------------------------------
 
+def expected_mcore_shape(name: str, dims: ModelDims) -> Optional[tuple]:
+    """The full (TP=1) shape a megatron GPTModel with *dims* gives parameter *name* (None: not checked)."""
+    h, hd = dims.hidden_size, dims.head_dim
+    qkv = (dims.num_attention_heads + 2 * dims.num_query_groups) * hd
+    fc1 = dims.ffn_hidden_size * (2 if dims.gated_linear_unit else 1)
+    leaf = name.rsplit(".", 2)
+    tail = ".".join(leaf[-2:])
+    table = {
+        "word_embeddings.weight": (dims.padded_vocab_size, h), "output_layer.weight": (dims.padded_vocab_size, h),
+        "linear_qkv.weight": (qkv, h), "linear_qkv.bias": (qkv,), "linear_qkv.layer_norm_weight": (h,),
+        "linear_qkv.layer_norm_bias": (h,), "linear_proj.weight": (h, dims.num_attention_heads * hd),
+        "linear_proj.bias": (h,), "linear_fc1.weight": (fc1, h), "linear_fc1.bias": (fc1,),
+        "linear_fc1.layer_norm_weight": (h,), "linear_fc1.layer_norm_bias": (h,), "linear_fc2.weight": (h, dims.ffn_hidden_size),
+        "linear_fc2.bias": (h,), "input_layernorm.weight": (h,), "input_layernorm.bias": (h,),
+        "pre_mlp_layernorm.weight": (h,), "pre_mlp_layernorm.bias": (h,), "final_layernorm.weight": (h,),
+        "final_layernorm.bias": (h,), "q_layernorm.weight": (hd,), "k_layernorm.weight": (hd,),
+    }
+    if tail == "position_embeddings.weight":
+        return None  # rows depend on the architecture's position offset; columns checked below
+    return table.get(tail)
+
+
+def check_shapes(full: dict, dims: ModelDims, config_path) -> None:
+    """Raise :class:`CheckpointError` listing every tensor whose shape contradicts the config."""
+    bad = []
+    for name, t in full.items():
+        want = expected_mcore_shape(name, dims)
+        if want is None and name.endswith("position_embeddings.weight"):
+            if t.dim() != 2 or t.shape[1] != dims.hidden_size:
+                bad.append(f"{name}: {tuple(t.shape)}, expected (*, {dims.hidden_size})")
+            continue
+        if want is not None and tuple(t.shape) != want:
+            bad.append(f"{name}: {tuple(t.shape)}, expected {want}")
+    if bad:
+        raise CheckpointError(
+            f"the weights do not match {config_path} (hidden_size={dims.hidden_size}, "
+            f"num_attention_heads={dims.num_attention_heads}, num_key_value_heads={dims.num_query_groups}, "
+            f"head_dim={dims.head_dim}, intermediate_size={dims.ffn_hidden_size}, vocab_size={dims.vocab_size}): "
+            + "; ".join(bad[:6]) + (f"; and {len(bad) - 6} more" if len(bad) > 6 else "")
+            + ". Nothing was written; use the config.json that was saved with these weights.")
+
+
+def read_hf_input(hf_dir):
+    """(HF config, safetensors reader) of *hf_dir*, refusing unreadable files with one clear error."""
+    import json
+
+    from safetensors import SafetensorError
+
+    path = Path(hf_dir) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{hf_dir} is not a Hugging Face model directory (no config.json)")
+    try:
+        json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc}); it must be the config.json that "
+                              "transformers' save_pretrained() writes. Nothing was written.") from None
+    try:
+        hf = load_hf_config(hf_dir)
+    except Exception as exc:  # noqa: BLE001 - transformers' many config errors
+        raise CheckpointError(f"{path} is not a config transformers can read: {type(exc).__name__}: {exc}. "
+                              "Nothing was written.") from None
+    try:
+        reader = SafetensorsDir(hf_dir)
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"the safetensors weights in {hf_dir} are truncated or not safetensors files "
+                              f"({type(exc).__name__}: {exc}). Nothing was written.") from None
+    return hf, reader
+
+
 def import_hf(hf_dir, out_dir, *, tp: int = 1, pp: int = 1, fmt: str = "legacy", iteration: int = 0) -> Path:
-    """Write the HF model in *hf_dir* as a Megatron checkpoint (TP=*tp*, PP=*pp*) under *out_dir*."""
-    hf = load_hf_config(hf_dir)
+    """Write the HF model in *hf_dir* as a Megatron checkpoint (TP=*tp*, PP=*pp*) under *out_dir*.
+
+    Everything is read and checked before anything is written: a config.json that is not JSON,
+    unreadable safetensors files and tensors whose shapes contradict the config raise
+    :class:`CheckpointError`.
+    """
+    from safetensors import SafetensorError
+
+    hf, reader = read_hf_input(hf_dir)
     from verl_bridge.arch.hf import arch_of_hf
 
     spec = arch_of_hf(hf)
@@ -111,10 +187,18 @@ def import_hf(hf_dir, out_dir, *, tp: int = 1, pp: int = 1, fmt: str = "legacy",
         raise ValueError(f"TP={tp} does not divide num_query_groups={dims.num_query_groups} "
                          f"/ num_attention_heads={dims.num_attention_heads}")
     pp_layer_range(dims.num_layers, pp, 0)  # raises when PP does not divide the layers
-    reader = SafetensorsDir(hf_dir)
     args = make_args(hf, spec.name, tp, pp, padded)
     extras: dict = {}
-    full = {n: hf_to_mcore(n, reader, spec, dims, extras=extras) for n in mcore_names(spec, dims)}
+    config_path = Path(hf_dir) / "config.json"
+    try:
+        full = {n: hf_to_mcore(n, reader, spec, dims, extras=extras) for n in mcore_names(spec, dims)}
+    except SafetensorError as exc:
+        raise CheckpointError(f"the safetensors weights in {hf_dir} are truncated or corrupted ({exc}). "
+                              "Nothing was written.") from None
+    except (RuntimeError, ValueError, KeyError) as exc:  # a missing tensor, or a fused tensor that cannot be reshaped as the config says
+        raise CheckpointError(f"the weights in {hf_dir} do not match {config_path}: {exc}. "
+                              "Nothing was written.") from None
+    check_shapes(full, dims, config_path)
     meta = {"arch": spec.name, "hf_config": hf.to_dict(), "vocab_size": hf.vocab_size, "hf_extras": extras}
     if fmt == "torch_dist":
         return _import_torch_dist(hf_dir, out_dir, args, meta, iteration, full)
@@ -229,20 +313,19 @@ def read_full_megatron(src_dir, iteration=None) -> tuple[dict, argparse.Namespac
         iteration = latest_valid_iteration(src_dir)
         if iteration is None:
             raise CheckpointError(f"no valid checkpoint in {src_dir}")
+    else:
+        validate_iteration(src_dir, iteration)  # checksums and structure; names the failing file
     d = iter_dir(src_dir, iteration)
     if is_torch_dist_dir(d):
-        from megatron.core import dist_checkpointing
-
         from verl_bridge.checkpoint.megatron import load
-        from verl_bridge.checkpoint.safe_load import safe_globals
+        from verl_bridge.checkpoint.safe_torch_dist import load_common
 
         with world_of_one():
-            with torch.serialization.safe_globals(safe_globals()):
-                common = dist_checkpointing.load_common_state_dict(str(d))
+            common = load_common(d)
             args = common["args"]
             meta = common.get("verl_bridge", {})
             model = _full_tp1_model(args, meta.get("arch") or _arch_from_args(args))
-            load(src_dir, iteration, model=model)
+            load(src_dir, iteration, model=model, validated=True)
             full = {k: v.detach().clone() for k, v in model.state_dict().items()
                     if not k.endswith("._extra_state") and v is not None}
         return full, args, meta
@@ -290,5 +373,23 @@ def export_hf(src_dir, out_dir, *, iteration=None, arch: Optional[str] = None, v
         for hf_name, ht in mcore_to_hf(name, t, spec, dims, extras=extras):
             tensors[hf_name] = ht
     config = meta.get("hf_config") or spec.hf_config(_describe(args, vocab))
-    save_safetensors_dir(tensors, config, out_dir)
+    _write_hf_dir(tensors, config, out_dir)
     return Path(out_dir)
+
+
+def _write_hf_dir(tensors: dict, config: dict, out_dir) -> None:
+    """Write into a fresh sibling directory, then move each file into *out_dir* with ``os.replace``:
+    a failed export leaves *out_dir* as it was, and a symlink planted there is replaced, never
+    followed."""
+    import shutil
+
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        save_safetensors_dir(tensors, config, tmp)
+        out.mkdir(exist_ok=True)
+        for f in sorted(tmp.iterdir()):
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

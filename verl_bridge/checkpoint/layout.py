@@ -46,14 +46,39 @@ def fsync_dir(path) -> None:
         os.close(fd)
 
 
+def open_exclusive(path, mode: str = "w", **kwargs):
+    """Open a NEW file at *path* for writing, never through a symlink (a stale file there is removed).
+
+    ``O_EXCL | O_NOFOLLOW``: a symlink planted at *path* is unlinked, not followed, so the write
+    cannot land outside the directory.
+    """
+    path = Path(path)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags, 0o644)
+    return os.fdopen(fd, mode, **kwargs)
+
+
 def atomic_write_text(path, text: str) -> None:
+    """Write *path* via a fresh temporary file and ``os.replace``: readers see the old or the new
+    content, never a part; a symlink at *path* is replaced by the file, its target left untouched."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open_exclusive(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     fsync_dir(path.parent)
 
 

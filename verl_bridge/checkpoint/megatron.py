@@ -23,12 +23,15 @@ keys. torch_dist: the model (and nothing else) as ShardedTensors; ``optimizer`` 
 ``rng_state`` the same way); everything else in ``common.pt``. Written with
 :class:`~verl_bridge.checkpoint.torch_dist.SyncTorchDistSaveStrategy` (CPU-safe).
 
-Crash safety: every rank writes under ``iter_XXXXXXX.tmp-save``; after a barrier rank 0 fsyncs,
-renames it to ``iter_XXXXXXX``, then rewrites ``latest_checkpointed_iteration.txt`` (atomic
-replace), then prunes to ``keep_last``. A run killed at any point leaves the previous complete
-checkpoint visible. :func:`latest_valid_iteration` skips unfinished and corrupted iterations
-(CRC check of every file of the legacy layout / torch_dist's common.pt and metadata), so
-``resume: auto`` falls back to the previous good one.
+Crash safety: every rank writes under ``iter_XXXXXXX.tmp-save`` (:func:`write`, which first
+checks the free space and on a full disk removes the partial save and says "no space left on
+device"); after a barrier rank 0 writes the checksum manifest
+(:mod:`~verl_bridge.checkpoint.manifest`), fsyncs, renames it to ``iter_XXXXXXX``, then rewrites
+``latest_checkpointed_iteration.txt`` (atomic replace), then prunes to ``keep_last``
+(:func:`publish`). A run killed at any point leaves the previous complete checkpoint visible.
+:func:`latest_valid_iteration` skips unfinished and corrupted iterations (sha256 of every file
+against the manifest; CRCs of the legacy layout / torch_dist's common.pt; torch_dist's
+``.metadata``), so ``resume: auto`` falls back to the previous good one.
 
 Without torch.distributed initialised everything runs as a world of one.
 """
@@ -67,13 +70,16 @@ FORMATS = ("legacy", "torch_dist")
 
 # ---- rank bookkeeping ---------------------------------------------------------------------
 
-def _dist() -> bool:
+def is_dist() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
-def _barrier() -> None:
-    if _dist():
+def barrier() -> None:
+    if is_dist():
         torch.distributed.barrier()
+
+
+_dist, _barrier = is_dist, barrier
 
 
 def _ranks(args=None) -> dict:
@@ -171,10 +177,66 @@ def _write_torch_dist(tmp: Path, state: dict, ranks: dict) -> None:
     dist_checkpointing.save(sharded, str(tmp), sharded_strategy=SyncTorchDistSaveStrategy())
 
 
-def save(save_dir, iteration: int, state: dict, *, fmt: str = "legacy", keep_last: Optional[int] = None) -> Path:
-    """Collective save of *state* as iteration *iteration* under *save_dir*; returns the iter dir.
+def _tensor_bytes(obj, seen=None) -> int:
+    """Bytes of the tensors reachable from *obj* (dicts, lists, tuples, modules' state dicts)."""
+    if seen is None:
+        seen = set()
+    if isinstance(obj, torch.nn.Module):
+        obj = obj.state_dict()
+    if torch.is_tensor(obj):
+        key = (obj.data_ptr(), obj.numel()) if obj.numel() else id(obj)
+        if key in seen:
+            return 0
+        seen.add(key)
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v, seen) for v in obj)
+    return 0
 
-    Every rank calls it. See the module docstring for the layout and the crash-safety steps.
+
+def _is_disk_full(exc: BaseException) -> bool:
+    """ENOSPC, also as torch.save reports it for a path (``unexpected pos``: a short write)."""
+    import errno
+
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("unexpected pos" in text or "No space left" in text
+                                              or "file write failed" in text)
+
+
+def disk_full_message(path, needed: int, iteration, free: Optional[int] = None) -> str:
+    if free is None:
+        try:
+            free = shutil.disk_usage(Path(path).parent).free
+        except OSError:
+            free = None
+    have = f"{free} bytes free there" if free is not None else "free space unknown"
+    return (f"no space left on device while saving checkpoint iteration {iteration} to {path}: it needs about "
+            f"{needed} bytes ({needed / 2**20:.1f} MiB), {have}. The partial save was removed and the previous "
+            "checkpoint is intact; free space (or lower trainer.keep_last, or point trainer.output_dir at a "
+            "larger disk) and resume with trainer.resume=auto.")
+
+
+def _all_errors(local: Optional[str]) -> list[str]:
+    """Every rank's error message of the write phase (a collective; doubles as the barrier)."""
+    if not _dist():
+        return [local] if local else []
+    gathered: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, local)
+    return [e for e in gathered if e]
+
+
+def write(save_dir, iteration: int, state: dict, *, fmt: str = "legacy") -> Path:
+    """Collective: every rank writes its part of *state* under ``iter_XXXXXXX.tmp-save``; returns it.
+
+    Nothing becomes visible: :func:`publish` (rank 0) renames it into place. Before writing, each
+    rank checks that its part fits on the filesystem; a full disk (before or during the write)
+    removes the temporary directory on every rank and raises :class:`CheckpointError` saying
+    "no space left on device" with the path and the bytes needed. Any other write error also
+    removes it and is raised on every rank.
     """
     if fmt not in FORMATS:
         raise ValueError(f"checkpoint format {fmt!r} is not one of {', '.join(FORMATS)}")
@@ -187,16 +249,46 @@ def save(save_dir, iteration: int, state: dict, *, fmt: str = "legacy", keep_las
     state = {**state, "iteration": iteration}
     if ranks["rank"] == 0:
         save_dir.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
+        if tmp.is_symlink() or tmp.is_file():
+            tmp.unlink()
+        elif tmp.exists():
             shutil.rmtree(tmp)  # leftover of a killed save
         tmp.mkdir()
     _barrier()
-    if fmt == "legacy":
-        _write_legacy(tmp, state, ranks)
-    else:
-        _write_torch_dist(tmp, state, ranks)
-    _barrier()
-    if ranks["rank"] == 0:
+    writes = fmt == "torch_dist" or ranks["dp_rank"] == 0
+    needed = _tensor_bytes({k: v for k, v in state.items() if k in ("model", "optimizer")}) + (1 << 20) if writes else 0
+    error = None
+    try:
+        free = shutil.disk_usage(tmp).free
+        if writes and free < needed:
+            error = disk_full_message(tmp, needed, iteration, free)
+        elif fmt == "legacy":
+            _write_legacy(tmp, state, ranks)
+        else:
+            _write_torch_dist(tmp, state, ranks)
+    except Exception as exc:  # noqa: BLE001 - reported on every rank below
+        if _is_disk_full(exc):
+            error = disk_full_message(tmp, needed, iteration)
+        else:
+            error = f"writing checkpoint iteration {iteration} to {tmp} failed: {type(exc).__name__}: {exc}"
+    errors = _all_errors(error)
+    if errors:
+        if ranks["rank"] == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        _barrier()
+        raise CheckpointError(errors[0])
+    return tmp
+
+
+def save(save_dir, iteration: int, state: dict, *, fmt: str = "legacy", keep_last: Optional[int] = None) -> Path:
+    """Collective save of *state* as iteration *iteration* under *save_dir*; returns the iter dir.
+
+    Every rank calls it: :func:`write`, then rank 0 :func:`publish` es. See the module docstring
+    for the layout and the crash-safety steps.
+    """
+    tmp = write(save_dir, iteration, state, fmt=fmt)
+    final = iter_dir(save_dir, iteration)
+    if _ranks(state.get("args"))["rank"] == 0:
         publish(save_dir, tmp, iteration, keep_last)
     _barrier()
     return final
@@ -207,17 +299,29 @@ def begin(save_dir, iteration) -> Path:
     final = iter_dir(save_dir, iteration)
     tmp = final.with_name(final.name + TMP_MARK + "save")
     Path(save_dir).mkdir(parents=True, exist_ok=True)
-    if tmp.exists():
+    if tmp.is_symlink() or tmp.is_file():
+        tmp.unlink()
+    elif tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
     return tmp
 
 
-def publish(save_dir, tmp: Path, iteration, keep_last: Optional[int] = None) -> Path:
-    """fsync *tmp*, rename it to ``iter_XXXXXXX``, then write the tracker, then prune."""
+def publish(save_dir, tmp: Path, iteration, keep_last: Optional[int] = None, *, tracker: bool = True) -> Path:
+    """Write the checksum manifest into *tmp*, fsync it, rename it to ``iter_XXXXXXX``, then (with
+    *tracker*) write ``latest_checkpointed_iteration.txt``, then prune to *keep_last*.
+
+    The trainer publishes several roles as one step with ``tracker=False`` and writes the trackers
+    after its completion marker (:mod:`verl_bridge.checkpoint.trainer_state`).
+    """
+    from verl_bridge.checkpoint.manifest import write_manifest
+
     save_dir = Path(save_dir)
     final = iter_dir(save_dir, iteration)
+    write_manifest(tmp)
     fsync_tree(tmp)
+    if final.is_symlink():
+        final.unlink()
     if final.exists():  # re-saving an iteration: move the old one aside first
         old = final.with_name(final.name + TMP_MARK + "old")
         if old.exists():
@@ -228,11 +332,17 @@ def publish(save_dir, tmp: Path, iteration, keep_last: Optional[int] = None) -> 
     else:
         os.rename(tmp, final)
     fsync_dir(save_dir)
-    atomic_write_text(save_dir / TRACKER, f"{iteration}\n")
+    if tracker:
+        write_tracker(save_dir, iteration)
     if keep_last is not None and keep_last > 0:
         for old_iter in list_iterations(save_dir)[keep_last:]:
             shutil.rmtree(iter_dir(save_dir, old_iter), ignore_errors=True)
     return final
+
+
+def write_tracker(save_dir, iteration) -> None:
+    """Megatron-LM's ``latest_checkpointed_iteration.txt`` (atomic; a symlink there is replaced)."""
+    atomic_write_text(Path(save_dir) / TRACKER, f"{iteration}\n")
 
 
 # ---- validation ---------------------------------------------------------------------------
@@ -248,15 +358,25 @@ def _check_zip(path: Path) -> None:
 
 
 def validate_iteration(load_dir, iteration) -> None:
-    """Raise :class:`CorruptCheckpointError` (naming the file) unless the iteration looks complete."""
+    """Raise :class:`CorruptCheckpointError` (naming the file) unless the iteration is complete and intact:
+    the checksum manifest (:mod:`verl_bridge.checkpoint.manifest`) when present, then the layout's
+    own structure (zip CRCs of legacy files / common.pt, the torch_dist ``.metadata`` read through
+    the restricted unpickler). A file needing a type outside the allowlist raises
+    :class:`CheckpointError` (refused, never skipped)."""
+    from verl_bridge.checkpoint.manifest import verify_manifest
+
     d = iter_dir(load_dir, iteration)
     if not d.is_dir():
         raise CorruptCheckpointError(f"checkpoint directory {d} is missing")
+    verify_manifest(d)  # every file against its sha256 (when the directory has a manifest)
     if is_torch_dist_dir(d):
         for name in ("common.pt", ".metadata"):
             if not (d / name).is_file():
                 raise CorruptCheckpointError(f"checkpoint file {d / name} is missing")
         _check_zip(d / "common.pt")
+        from verl_bridge.checkpoint.safe_torch_dist import read_metadata
+
+        read_metadata(d / ".metadata")  # CheckpointError (not skipped) for a type outside the allowlist
         if not list(d.glob("*.distcp")):
             raise CorruptCheckpointError(f"checkpoint directory {d} has no .distcp files")
         return
@@ -297,39 +417,57 @@ def _legacy_path(load_dir, iteration, ranks) -> Path:
     return candidates[0]
 
 
-def _load_torch_dist(d: Path, model, ranks: dict, strict: bool) -> dict:
+def _load_torch_dist(d: Path, model, ranks: dict, strict: bool, trust: bool = False) -> dict:
+    """Read a torch_dist iteration through megatron-core with every pickle behind the allowlist
+    (:mod:`verl_bridge.checkpoint.safe_torch_dist`); ``trust=True`` uses megatron-core's stock path."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
+    from verl_bridge.checkpoint import safe_torch_dist as std
+
     if model is None or not isinstance(model, torch.nn.Module):
         raise CheckpointError(f"loading the torch_dist checkpoint {d} needs model= (its sharded state dict)")
-    try:
-        with torch.serialization.safe_globals(safe_globals()):
-            common = dist_checkpointing.load_common_state_dict(str(d))
-    except Exception as exc:  # noqa: BLE001
-        raise CorruptCheckpointError(f"checkpoint file {d / 'common.pt'} is truncated or corrupted: {exc}") from None
+    std.read_metadata(d / std.METADATA_FILE, trust=trust)  # refuses a payload before megatron reads anything
+    common = std.load_common(d, trust=trust)
     keys = common.get("verl_bridge_sharded_objects", ["rng_state"])
     sharded = {"model": model.sharded_state_dict()}
     for key in keys:
         sharded[key] = ShardedObject(key, None, (ranks["pp_size"], ranks["tp_size"]),
                                      (ranks["pp_rank"], ranks["tp_rank"]), replica_id=ranks["dp_rank"])
     try:
-        with torch.serialization.safe_globals(safe_globals()):
-            loaded = dist_checkpointing.load(sharded, str(d))
-    except Exception as exc:  # noqa: BLE001
-        raise CorruptCheckpointError(f"torch_dist checkpoint {d} could not be read: {exc}") from None
+        if trust:
+            log.warning("loading %s with trust=True: megatron-core's stock reader unpickles without restriction", d)
+            with torch.serialization.safe_globals(safe_globals()):
+                loaded = dist_checkpointing.load(sharded, str(d), **std.load_kwargs(trust=True))
+        else:
+            with std.mcore_safe_reading(d), torch.serialization.safe_globals(safe_globals()):
+                loaded = dist_checkpointing.load(sharded, str(d), **std.load_kwargs())
+    except CheckpointError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - torch's CheckpointException is a BaseException
+        if not (isinstance(exc, Exception) or std.is_dcp_failure(exc)):
+            raise  # KeyboardInterrupt, SystemExit
+        inner = std.unwrap_dcp_failure(exc)
+        if isinstance(inner, CheckpointError):
+            raise inner from None
+        raise CorruptCheckpointError(
+            f"torch_dist checkpoint {d} could not be read: {type(inner).__name__}: {inner}") from None
     model.load_state_dict(loaded["model"], strict=strict)
     loaded.pop("verl_bridge_sharded_objects", None)
     return loaded
 
 
-def load(load_dir, iteration: Optional[int] = None, *, model=None, strict: bool = True) -> dict:
+def load(load_dir, iteration: Optional[int] = None, *, model=None, strict: bool = True, trust: bool = False,
+         validated: bool = False) -> dict:
     """This rank's state of iteration *iteration* (newest valid one when None).
 
     With ``model=`` the weights are also loaded into it (required for torch_dist, whose tensors
     are read through the model's sharded state dict, resharding across TP/PP as needed).
-    When *iteration* is None and the newest checkpoint turns out unreadable, falls back to the
-    previous valid one (logged). Raises :class:`CheckpointError` when nothing can be loaded.
+    The iteration is checked first (:func:`validate_iteration`; ``validated=True`` when the caller
+    just did). When *iteration* is None and the newest checkpoint turns out unreadable, falls back to the
+    previous valid one (logged). Raises :class:`CheckpointError` when nothing can be loaded, or
+    when a file needs a type outside the safe-loading allowlist (never unpickled; ``trust=True``
+    is the explicit opt-in for a trusted checkpoint).
     """
     load_dir = Path(load_dir)
     auto = iteration is None
@@ -337,14 +475,14 @@ def load(load_dir, iteration: Optional[int] = None, *, model=None, strict: bool 
     candidates = [iteration] if not auto else list_iterations(load_dir)
     for it in candidates:
         try:
-            if auto:
+            if not validated:
                 validate_iteration(load_dir, it)
             d = iter_dir(load_dir, it)
             ranks = _ranks()
             if is_torch_dist_dir(d):
-                state = _load_torch_dist(d, model, ranks, strict)
+                state = _load_torch_dist(d, model, ranks, strict, trust)
             else:
-                state = safe_load(_legacy_path(load_dir, it, ranks))
+                state = safe_load(_legacy_path(load_dir, it, ranks), trust=trust)
                 if model is not None:
                     model.load_state_dict(state["model"], strict=strict)
             return state

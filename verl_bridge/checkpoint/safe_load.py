@@ -16,7 +16,6 @@ import argparse
 import pathlib
 import pickle
 import warnings
-import zipfile
 from pathlib import Path
 from typing import Iterable
 
@@ -63,6 +62,16 @@ def safe_globals() -> list:
     return SAFE_GLOBALS
 
 
+def refusal_message(where, unpickler_message: str) -> str:
+    """The refusal of a file that needs a type outside the allowlist (same words in every format)."""
+    import re
+
+    found = re.search(r"GLOBAL\s+([\w.]+)", unpickler_message)
+    what = found.group(1) if found else "an unknown type"
+    return (f"checkpoint file {where} contains {what}, a type outside verl-bridge's safe-loading "
+            "allowlist. If you trust this file, pass the type via extra_globals or load with trust=True.")
+
+
 def safe_load(path, *, extra_globals: Iterable = (), trust: bool = False, map_location="cpu"):
     """``torch.load`` of *path* with ``weights_only=True`` and the Megatron allowlist.
 
@@ -83,14 +92,8 @@ def safe_load(path, *, extra_globals: Iterable = (), trust: bool = False, map_lo
     except pickle.UnpicklingError as exc:
         msg = str(exc)
         if "Unsupported global" in msg or "not an allowed global" in msg or "GLOBAL" in msg:
-            import re
-
-            found = re.search(r"GLOBAL\s+([\w.]+)", msg)
-            what = found.group(1) if found else "an unknown type"
-            raise CheckpointError(
-                f"checkpoint file {path} contains {what}, a type outside verl-bridge's safe-loading "
-                "allowlist. If you trust this file, pass the type via extra_globals or load with trust=True."
-            ) from None
+            raise CheckpointError(refusal_message(path, msg)) from None
         raise CorruptCheckpointError(f"checkpoint file {path} is truncated or corrupted: {exc}") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError) as exc:
-        raise CorruptCheckpointError(f"checkpoint file {path} is truncated or corrupted: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - whatever a damaged zip/pickle raises (EOFError, BadZipFile, ...)
+        raise CorruptCheckpointError(
+            f"checkpoint file {path} is truncated or corrupted: {type(exc).__name__}: {exc}") from None

@@ -10,6 +10,12 @@ from __future__ import annotations
 import click
 
 
+class BadInput(click.ClickException):
+    """SRC cannot be converted as it is (refused, corrupted or inconsistent files): exit 2."""
+
+    exit_code = 2
+
+
 @click.command("convert")
 @click.argument("src", type=click.Path(exists=True, file_okay=False))
 @click.argument("dst", type=click.Path(file_okay=False))
@@ -24,6 +30,8 @@ def convert(src, dst, to, fmt, tp, pp, iteration):
     if tp < 1 or pp < 1:
         raise click.UsageError(f"--tp={tp} and --pp={pp} must be >= 1")
     from pathlib import Path
+
+    from verl_bridge.checkpoint.safe_load import CheckpointError
 
     try:
         if to == "megatron":
@@ -40,6 +48,8 @@ def convert(src, dst, to, fmt, tp, pp, iteration):
             click.echo(f"wrote Hugging Face safetensors + config.json to {out}")
     except click.ClickException:
         raise
+    except CheckpointError as exc:  # refused (pickle allowlist), corrupted or inconsistent input; nothing written
+        raise BadInput(f"conversion of {src} failed: {exc}") from None
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as exc:
         raise click.ClickException(f"conversion of {src} failed: {exc}") from None
     return 0

@@ -8,6 +8,24 @@ import sys
 import time
 from typing import Optional
 
+from verl_bridge.checkpoint.layout import atomic_write_text
+
+
+class MetricsFileError(RuntimeError):
+    """metrics.jsonl cannot be continued (a corrupt line, or a symlink where the file should be)."""
+
+
+def _open_append(path):
+    """Append to *path*, creating it; never through a symlink (``O_NOFOLLOW``)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise MetricsFileError(f"{path} is a symlink (to {os.readlink(path)}); verl-bridge writes its metrics "
+                                   "only to a regular file in the run directory. Remove the link.") from None
+        raise
+    return os.fdopen(fd, "a", encoding="utf-8")
+
 
 def info(msg: str) -> None:
     print(f"[INFO] {msg}", flush=True)
@@ -46,30 +64,51 @@ class MetricsLogger:
             self._progress.start()
 
     def truncate_after(self, step: int) -> None:
-        """On resume: keep the rows of steps <= ``step`` (later ones belong to the lost tail)."""
-        if not self.path or not os.path.exists(self.path):
+        """On resume: keep the rows of steps <= ``step`` (later ones belong to the lost tail).
+
+        A half-written last line (a crash in the middle of :meth:`log`) is dropped with a warning;
+        a line that does not parse anywhere else is refused, naming the file and the line, and
+        the file is left as it is. The file is rewritten through a new file (a symlink at its
+        name is replaced, its target never written).
+        """
+        if not self.path or not os.path.lexists(self.path):
             return
         keep = []
-        with open(self.path, encoding="utf-8") as f:
-            for line in f:
-                if line.strip() and json.loads(line)["step"] <= step:
-                    keep.append(line)
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(keep)
-        os.replace(tmp, self.path)
+        with open(self.path, "rb") as f:
+            raw = f.read().split(b"\n")
+        last = len(raw) - 1  # raw[-1] is what follows the final newline ("" when the file ends cleanly)
+        for i, chunk in enumerate(raw):
+            if not chunk.strip():
+                continue
+            try:
+                row = json.loads(chunk.decode("utf-8"))
+                row_step = row["step"]
+                if not isinstance(row_step, int):
+                    raise TypeError(f"step is {row_step!r}")
+            except (ValueError, KeyError, TypeError) as exc:
+                if i == last:  # no newline after it: the write was cut short
+                    warn(f"{self.path}: dropping a half-written last line (line {i + 1}, {len(chunk)} bytes) "
+                         "left by an interrupted run")
+                    continue
+                raise MetricsFileError(
+                    f"{self.path} line {i + 1} is not a metrics record ({type(exc).__name__}: {exc}); "
+                    "resume does not rewrite a file it cannot read. Repair or remove that line (or move "
+                    "the file away) and resume again.") from None
+            if row_step <= step:
+                keep.append(chunk.decode("utf-8") + "\n")
+        atomic_write_text(self.path, "".join(keep))
 
     def reset(self) -> None:
         """A fresh run: start metrics.jsonl empty."""
-        if self.path and os.path.exists(self.path):
-            os.remove(self.path)
+        if self.path and os.path.lexists(self.path):
+            os.remove(self.path)  # a symlink is removed, not followed
 
     def log(self, step: int, metrics: dict) -> None:
         if not self.enabled:
             return
         record = {"step": step, **metrics, "time": time.time()}
         if self.path:
-            with open(self.path, "a", encoding="utf-8") as f:
+            with _open_append(self.path) as f:
                 f.write(json.dumps(record) + "\n")
         if self._progress is not None:
             self._progress.update(self._task, completed=step, reward=metrics.get("reward_mean", 0.0))

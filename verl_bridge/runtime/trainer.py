@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from verl_bridge import algorithms as A
 from verl_bridge.algorithms.registry import ALGORITHMS
+from verl_bridge.checkpoint.layout import atomic_write_text
 from verl_bridge.config import Config, dump_config, load_config
 from verl_bridge.data.prompts import PromptSource, eval_samples
 from verl_bridge.data.reward import reward_function
@@ -135,8 +136,7 @@ class MegatronTrainer:
         run_dir = cfg.trainer.output_dir
         if self.is_logger and run_dir:
             os.makedirs(run_dir, exist_ok=True)
-            with open(os.path.join(run_dir, "config.yaml"), "w", encoding="utf-8") as f:
-                f.write(dump_config(cfg))
+            atomic_write_text(os.path.join(run_dir, "config.yaml"), dump_config(cfg))  # replaces a symlink
         a = cfg.algorithm
         kl_ctl = A.build_kl_controller(a.kl.coef, a.kl.target, a.kl.horizon)
         self.state = TrainerState(config=cfg, layout=self.layout, roles=roles, kl_ctl=kl_ctl)
