@@ -68,6 +68,7 @@ def train(config_file: str, overrides: tuple[str, ...], nproc: int | None, nnode
 
         click.echo("\n".join(dry_run_lines(cfg, world, has_cuda)))
         return
+    _fetch_models(cfg)
     if cfg.trainer.args.pp_size > 1 and not has_cuda:
         raise ConfigProblem(
             f"trainer.args.pp_size={cfg.trainer.args.pp_size}: pipeline parallelism needs CUDA "
@@ -89,6 +90,16 @@ def train(config_file: str, overrides: tuple[str, ...], nproc: int | None, nnode
     rc = run(config_file, list(overrides))
     if rc:
         sys.exit(rc)
+
+
+def _fetch_models(cfg) -> None:
+    """Hub ids in model_name_or_path: resolved (downloaded if missing) here, once, before torchrun starts;
+    the ranks then read the shared cache (verl_bridge.data.hub)."""
+    from verl_bridge.data.hub import prefetch
+
+    problems = prefetch(cfg, echo=click.echo)
+    if problems:
+        raise ConfigProblem("\n".join(problems))
 
 
 def _has_cuda() -> bool:

@@ -59,7 +59,8 @@ class TrainerConfig:
 
 @dataclass(kw_only=True)
 class ModelArgs:
-    model_name_or_path: Optional[str] = None
+    model_name_or_path: Optional[str] = None  # a local HF directory or a hub id (verl_bridge.data.hub)
+    revision: Optional[str] = None  # hub ids: branch, tag or commit (default main)
     preset: Optional[str] = None
     model_provider: Optional[str] = None  # "module:function"
     initialize_megatron: Optional[str] = None  # "module:function"

@@ -604,8 +604,12 @@ def hf_dir_for_actor(cfg, actor=None, vocab_size: Optional[int] = None) -> str:
     import os
     import tempfile
 
-    path = getattr(getattr(getattr(cfg.model, "actor", None), "args", None), "model_name_or_path", None)
+    args = getattr(getattr(cfg.model, "actor", None), "args", None)
+    path = getattr(args, "model_name_or_path", None)
     if path:
+        from verl_bridge.data.files import local_dir
+
+        path = local_dir(path, getattr(cfg, "source_dir", None), getattr(args, "revision", None))  # hub ids too
         if not os.path.isfile(os.path.join(str(path), "config.json")):
             raise VllmUnavailableError(
                 f"rollout.engine='vllm' builds vLLM from model.actor.args.model_name_or_path={path!r}, which has no "
