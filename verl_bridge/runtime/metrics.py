@@ -33,6 +33,12 @@ class MetricsLogger:
         self.log_every = log_every
         self.total = total_steps
         self.path = os.path.join(run_dir, "metrics.jsonl") if (run_dir and enabled) else None
+        if enabled:
+            from verl_bridge.runtime.mcore_notices import summary
+
+            notices = summary()  # megatron-core's fallback warnings, folded by the train entry
+            if notices:
+                info(notices)
         show_bar = sys.stdout.isatty() if progress_bar is None else progress_bar
         self._progress = None
         if enabled and show_bar:
