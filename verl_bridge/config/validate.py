@@ -98,6 +98,9 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
     _range(p, "trainer.keep_last", t.keep_last, lo=1)
     _range(p, "trainer.nproc_per_node", t.nproc_per_node, lo=1)
     _range(p, "trainer.eval_every", t.eval_every, lo=0)
+    from verl_bridge.runtime.trackers import check as check_loggers
+
+    p.extend(check_loggers(t.loggers, t.output_dir))
     ta = t.args
     _range(p, "trainer.args.tp_size", ta.tp_size, lo=1)
     _range(p, "trainer.args.pp_size", ta.pp_size, lo=1)
