@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from typing import Any, Optional
 
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
@@ -41,7 +42,7 @@ def check(loggers, output_dir) -> list[str]:
     for name in loggers:
         if name not in LOGGERS:
             problems.append(f"trainer.loggers: {name!r} is not a tracker; allowed: {', '.join(LOGGERS)}")
-        elif name in NEEDS and importlib.util.find_spec(NEEDS[name][0]) is None:
+        elif name in NEEDS and not _installed(NEEDS[name][0]):
             module, extra = NEEDS[name]
             problems.append(f"trainer.loggers: {name!r} needs the {module} package, which is not installed; "
                             f"pip install 'verl-bridge[{extra}]' (or drop {name} from trainer.loggers)")
@@ -49,6 +50,16 @@ def check(loggers, output_dir) -> list[str]:
             problems.append(f"trainer.loggers: {name!r} writes under trainer.output_dir, which is null; "
                             f"set trainer.output_dir or drop {name}")
     return problems
+
+
+def _installed(module: str) -> bool:
+    """Importable, without importing it (``sys.modules[name] = None`` blocks an import, as Python does)."""
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -97,7 +108,7 @@ class WandbTracker:
 
         self.wandb = wandb
         self.run = wandb.init(project=cfg.trainer.project, name=experiment_name(cfg.trainer), config=config_dict,
-                              dir=os.environ.get("WANDB_DIR") or cfg.trainer.output_dir or None, reinit=True)
+                              dir=os.environ.get("WANDB_DIR") or cfg.trainer.output_dir or None)
 
     def log(self, step: int, metrics: dict) -> None:
         self.run.log(scalars(metrics), step=step)
