@@ -147,7 +147,8 @@ def check_media_packages() -> None:
     if broken:
         names = ", ".join(n for n, _ in broken)
         raise VllmUnavailableError(
-            f"rollout.engine='vllm': {names} installed here do not load beside torch {torch.__version__} "
+            f"rollout.engine='vllm': {names}, installed here, {'does' if len(broken) == 1 else 'do'} not load beside "
+            f"torch {torch.__version__} "
             f"(`import {broken[0][0]}`: {broken[0][1]}); transformers' model classes fail with them, and vLLM's "
             f"text generation does not need them. Fix: {MEDIA_FIX}")
 
