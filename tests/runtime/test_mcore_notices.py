@@ -54,6 +54,18 @@ def test_known_megatron_warnings_fold_and_others_stay_visible(folded):
     assert mcore_notices.summary() is None  # printed once
 
 
+def test_cuda_stream_advice_is_dropped_only_without_cuda(folded):
+    import torch
+
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("default")
+        mcore_notices.install()
+        _warn_from(os.path.join(os.sep, "x", "megatron", "core", "tensor_parallel", "layers.py"),
+                   "When using async grad allreduce it is recommended to set the environment variable "
+                   "CUDA_DEVICE_MAX_CONNECTIONS to 1 for maximum speedup")
+    assert len(shown) == (1 if torch.cuda.is_available() else 0)
+
+
 def test_verbose_shows_them_in_full(folded, monkeypatch):
     monkeypatch.setenv(mcore_notices.VERBOSE_ENV, "1")
     with warnings.catch_warnings(record=True) as shown:

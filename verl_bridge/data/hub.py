@@ -144,7 +144,7 @@ def resolve(path: Optional[str], source_dir: Optional[str], revision: Optional[s
 def model_keys(cfg) -> list[tuple[str, str, Optional[str]]]:
     """(dotted key, model_name_or_path, revision) of every role that names a model by path or id."""
     out = []
-    for role in ("actor", "critic", "reference", "reward"):
+    for role in ("actor", "critic", "reward"):  # the reference is the actor's frozen copy
         r = getattr(cfg.model, role, None)
         args = getattr(r, "args", None)
         if args is not None and args.model_name_or_path:

@@ -9,7 +9,9 @@ collects them here and the logging rank prints what is in use, once::
 
     [INFO] megatron-core 0.16.1, no TE/apex: torch norm, torch optimizers, local multi-tensor kernels (...)
 
-Only those messages, raised from inside ``megatron/core``, are folded; every other warning is
+The TP>1 advice to set ``CUDA_DEVICE_MAX_CONNECTIONS`` (``tensor_parallel/layers.py``, at the first
+backward) is dropped too where there is no CUDA, and kept on a GPU. Only those messages, raised
+from inside ``megatron/core``, are folded; every other warning is
 shown as Python would show it. ``verl-bridge train -v`` or ``VERL_BRIDGE_VERBOSE=1`` shows them
 all in full as well. Every rank installs the same hook (so no rank prints them); the logging rank
 prints the line (:func:`summary`).
@@ -30,7 +32,15 @@ KNOWN = (
     (re.compile(r"(Transformer Engine|Apex)( and Apex)? (is|are) not installed\. Falling back to (?P<what>.+)",
                 re.S), "fallback"),
     (re.compile(r"full scope is deprecated\. Use empty cuda_graph_scope"), None),
+    # tensor_parallel/layers.py, first TP>1 backward: CUDA stream advice, moot without CUDA (kept on a GPU)
+    (re.compile(r"set the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1"), "cpu-only"),
 )
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 _MCORE_DIR = os.sep + os.path.join("megatron", "core") + os.sep
 
 
@@ -52,8 +62,8 @@ class _Collector:
     def show(self, message, category, filename, lineno, file=None, line=None):
         text = str(message)
         if issubclass(category, UserWarning) and _MCORE_DIR in os.path.abspath(filename or ""):
-            for pattern, _ in KNOWN:
-                if pattern.search(text):
+            for pattern, kind in KNOWN:
+                if pattern.search(text) and not (kind == "cpu-only" and _cuda()):
                     self.count += 1
                     if text not in self.seen:
                         self.seen.append(text)
@@ -110,6 +120,8 @@ def summary() -> Optional[str]:
         for pattern, kind in KNOWN:
             m = pattern.search(text)
             if m is None:
+                continue
+            if kind == "cpu-only":
                 continue
             if kind is None:
                 notices += 1
