@@ -143,3 +143,55 @@ def test_train_an_actor_named_by_hub_id_from_an_offline_cache(cache, tmp_path):
     assert f"[INFO] model.actor.args.model_name_or_path={ID}: {main}" in r.stdout
     assert "[INFO] Training step 2:" in r.stdout
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 2
+
+
+class _Hub:
+    """A local HTTP server answering every request as the hub answers for a gated or a missing repo
+    (status + X-Error-Code header, which huggingface_hub turns into GatedRepoError /
+    RepositoryNotFoundError)."""
+
+    def __init__(self, status: int, code: str):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                self.send_response(status)
+                self.send_header("X-Error-Code", code)
+                self.send_header("X-Error-Message", f"{code} (test hub)")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_HEAD = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+@pytest.mark.parametrize("status,code,expect", [(403, "GatedRepo", "is gated: accept its terms"),
+                                                 (404, "RepoNotFound", "does not exist on the hub")])
+def test_gated_and_missing_repos_are_named_with_the_fix(tmp_path, status, code, expect):
+    hub_server = _Hub(status, code)
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+        env.update(HF_ENDPOINT=hub_server.url, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_DISABLE_TELEMETRY="1")
+        code_ = ("from verl_bridge.data import hub\n"
+                 "try:\n    hub.resolve('tiny-org/locked', None, download=True, key='k')\n"
+                 "except hub.HubError as e:\n    print(e)\n")
+        r = subprocess.run([sys.executable, "-c", code_], capture_output=True, text=True, cwd=REPO, env=env,
+                           timeout=120)
+    finally:
+        hub_server.close()
+    assert expect in r.stdout, r.stdout + r.stderr
+    assert "k='tiny-org/locked'" in r.stdout and str(tmp_path / "hub") in r.stdout
+    assert "hf download tiny-org/locked" in r.stdout
