@@ -85,6 +85,10 @@ def test_printed_download_command_exists_and_fills_the_same_cache(cache):
     r = subprocess.run([str(exe), *cmd[1:]], capture_output=True, text=True, env=dict(os.environ), timeout=120)
     assert r.returncode == 0, r.stderr
     assert str(main) in r.stdout
+    login = hub.login_command().split()  # printed for gated / private repos: the subcommand exists
+    r = subprocess.run([str(Path(sys.executable).parent / login[0]), *login[1:], "--help"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "token" in r.stdout.lower(), r.stdout + r.stderr
 
 
 def test_local_directories_work_as_before(tmp_path, model_dir, monkeypatch):

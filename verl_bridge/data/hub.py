@@ -64,16 +64,23 @@ def offline() -> bool:
             or os.environ.get("TRANSFORMERS_OFFLINE", "").strip().lower() in _TRUE)
 
 
-def download_command(repo_id: str, revision: Optional[str] = None) -> str:
-    """The installed huggingface_hub's CLI line that pre-downloads *repo_id*: ``hf download`` (>= 0.34)
-    or ``huggingface-cli download`` (older)."""
+def _cli_tool() -> str:
     try:
         scripts = {e.name for e in metadata.distribution("huggingface_hub").entry_points
                    if e.group == "console_scripts"}
     except metadata.PackageNotFoundError:
         scripts = set()
-    tool = "hf" if "hf" in scripts or not scripts else "huggingface-cli"
-    return f"{tool} download {repo_id}" + (f" --revision {revision}" if revision else "")
+    return "hf" if "hf" in scripts or not scripts else "huggingface-cli"
+
+
+def login_command() -> str:
+    return "hf auth login" if _cli_tool() == "hf" else "huggingface-cli login"
+
+
+def download_command(repo_id: str, revision: Optional[str] = None) -> str:
+    """The installed huggingface_hub's CLI line that pre-downloads *repo_id*: ``hf download`` (>= 0.34)
+    or ``huggingface-cli download`` (older)."""
+    return f"{_cli_tool()} download {repo_id}" + (f" --revision {revision}" if revision else "")
 
 
 def cached(repo_id: str, revision: Optional[str] = None) -> Optional[str]:
@@ -127,13 +134,12 @@ def resolve(path: Optional[str], source_dir: Optional[str], revision: Optional[s
     try:
         return snapshot_download(path, revision=revision, cache_dir=cache_dir(), allow_patterns=ALLOW_PATTERNS)
     except E.GatedRepoError:
-        problem = (f"is gated: accept its terms at https://huggingface.co/{path} and log in "
-                   "(`hf auth login`, or set HF_TOKEN)")
+        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+        problem = f"is gated: accept its terms at {endpoint}/{path} and log in (`{login_command()}`, or set HF_TOKEN)"
     except E.RevisionNotFoundError:
         problem = f"has no revision {revision!r}"
     except E.RepositoryNotFoundError:
-        problem = ("does not exist on the hub, or is private and no token is set (`hf auth login`, or set "
-                   "HF_TOKEN)")
+        problem = f"does not exist on the hub, or is private and no token is set (`{login_command()}`, or set HF_TOKEN)"
     except (E.LocalEntryNotFoundError, E.HfHubHTTPError, OSError) as exc:
         if have is not None:  # the hub is unreachable; the cached snapshot stands
             return have
