@@ -98,6 +98,9 @@ def test_wandb_offline_run_directory_holds_config_and_history(tmp_path, monkeypa
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_DIR", raising=False)
     out = _log(tmp_path, ["console", "wandb"])
+    import wandb
+
+    wandb.teardown()  # finish() returns before wandb's service has written the whole log out; teardown waits
     (run_dir,) = glob.glob(str(out / "wandb" / "offline-run-*"))
     (log,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
     history, config, names = [], {}, []
