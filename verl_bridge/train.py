@@ -9,6 +9,9 @@ import traceback
 
 
 def run(config_file: str, overrides: list[str]) -> int:
+    from verl_bridge.runtime import mcore_notices
+
+    mcore_notices.install()  # before megatron-core is imported: its fallback notices become one [INFO] line
     from verl_bridge.config import ConfigError, load_config
     from verl_bridge.runtime.trainer import MegatronTrainer
 

@@ -247,7 +247,7 @@ class MegatronBridge:
             from verl_bridge.arch import hf_model_provider
             from verl_bridge.models.tiny import precision_kwargs
 
-            fn = hf_model_provider(local_dir(args.model_name_or_path, cfg.source_dir),
+            fn = hf_model_provider(local_dir(args.model_name_or_path, cfg.source_dir, args.revision),
                                    **precision_kwargs(cfg.trainer.precision))
         else:
             raise BridgeError("model.actor.args: no model source (preset, model_name_or_path or model_provider)")
@@ -301,7 +301,7 @@ class MegatronBridge:
         from verl_bridge.runtime.hf_critic import build_hf_critic
 
         cfg = self.config
-        path = local_dir(cfg.model.critic.args.model_name_or_path, cfg.source_dir)
+        path = local_dir(cfg.model.critic.args.model_name_or_path, cfg.source_dir, cfg.model.critic.args.revision)
         try:
             return build_hf_critic(path, cfg.trainer.precision, self.layout.device)
         except (OSError, ValueError) as exc:

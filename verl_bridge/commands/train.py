@@ -53,8 +53,16 @@ def _raw_nproc(config_file: str, overrides) -> int:
               help="Processes on this node; N > 1 launches torchrun. Default: trainer.nproc_per_node (1).")
 @click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes (torchrun).")
 @click.option("--dry-run", is_flag=True, help="Validate and print the parallel plan; start nothing.")
-def train(config_file: str, overrides: tuple[str, ...], nproc: int | None, nnodes: int, dry_run: bool) -> None:
+@click.option("-v", "--verbose", is_flag=True,
+              help="Show megatron-core's start-up fallback warnings in full (also VERL_BRIDGE_VERBOSE=1).")
+def train(config_file: str, overrides: tuple[str, ...], nproc: int | None, nnodes: int, dry_run: bool,
+          verbose: bool = False) -> None:
     """Run PPO/GRPO training from CONFIG, with optional key=value overrides."""
+    from verl_bridge.runtime import mcore_notices
+
+    if verbose:
+        os.environ[mcore_notices.VERBOSE_ENV] = "1"  # the torchrun ranks inherit it
+    mcore_notices.install()
     nproc, world = resolve_world(config_file, overrides, nproc, nnodes)
     cfg = _load(config_file, overrides, world)
     has_cuda = _has_cuda()
@@ -68,6 +76,7 @@ def train(config_file: str, overrides: tuple[str, ...], nproc: int | None, nnode
 
         click.echo("\n".join(dry_run_lines(cfg, world, has_cuda)))
         return
+    _fetch_models(cfg)
     if cfg.trainer.args.pp_size > 1 and not has_cuda:
         raise ConfigProblem(
             f"trainer.args.pp_size={cfg.trainer.args.pp_size}: pipeline parallelism needs CUDA "
@@ -89,6 +98,16 @@ def train(config_file: str, overrides: tuple[str, ...], nproc: int | None, nnode
     rc = run(config_file, list(overrides))
     if rc:
         sys.exit(rc)
+
+
+def _fetch_models(cfg) -> None:
+    """Hub ids in model_name_or_path: resolved (downloaded if missing) here, once, before torchrun starts;
+    the ranks then read the shared cache (verl_bridge.data.hub)."""
+    from verl_bridge.data.hub import prefetch
+
+    problems = prefetch(cfg, echo=click.echo)
+    if problems:
+        raise ConfigProblem("\n".join(problems))
 
 
 def _has_cuda() -> bool:

@@ -55,11 +55,16 @@ class TrainerConfig:
     progress_bar: Optional[bool] = None  # None = on a TTY only
     eval_every: int = 0  # evaluate on held-out prompts every N steps; 0 = off
     eval_before_train: bool = False  # also evaluate before the first step (logged as step 0)
+    # where metrics go: console, jsonl (metrics.jsonl), tensorboard, wandb, mlflow (verl_bridge.runtime.trackers)
+    loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    project: str = "verl-bridge"  # wandb project / MLflow experiment
+    experiment_name: Optional[str] = None  # the run's name in wandb / MLflow; default: output_dir's last part
 
 
 @dataclass(kw_only=True)
 class ModelArgs:
-    model_name_or_path: Optional[str] = None
+    model_name_or_path: Optional[str] = None  # a local HF directory or a hub id (verl_bridge.data.hub)
+    revision: Optional[str] = None  # hub ids: branch, tag or commit (default main)
     preset: Optional[str] = None
     model_provider: Optional[str] = None  # "module:function"
     initialize_megatron: Optional[str] = None  # "module:function"

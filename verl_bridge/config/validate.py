@@ -61,18 +61,18 @@ def _check_hook(problems, key, spec, source_dir, check_paths):
         problems.append(f"{key}={spec!r}: module '{module}' not found{where}")
 
 
-def _check_dir(problems, key, path, source_dir, check_paths):
+def _check_dir(problems, key, path, source_dir, check_paths, revision=None):
+    """A local Hugging Face model directory, or a hub id (offline: one in the hub cache)."""
     if path is None or not check_paths:
         return
-    full = path if os.path.isabs(path) else os.path.join(source_dir or os.getcwd(), path)
-    if not os.path.isdir(full) and not os.path.isdir(path):
-        problems.append(
-            f"{key}={path!r}: directory not found; expected a local Hugging Face model directory "
-            "(verl-bridge never downloads from a hub)"
-        )
+    from verl_bridge.data.hub import check_one
+
+    problem = check_one(key, path, source_dir, revision)
+    if problem:
+        problems.append(problem)
 
 
-NO_MODEL_SOURCE = ("model.actor.args: set one of preset (e.g. tiny), model_name_or_path (a local HF directory) "
+NO_MODEL_SOURCE = ("model.actor.args: set one of preset (e.g. tiny), model_name_or_path (a local HF directory or hub id) "
                    "or model_provider ('module:function'), or pass the model through a MegatronBridge "
                    "(MegatronTrainer(config, bridge=MegatronBridge(model_provider=...)))")
 
@@ -98,6 +98,9 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
     _range(p, "trainer.keep_last", t.keep_last, lo=1)
     _range(p, "trainer.nproc_per_node", t.nproc_per_node, lo=1)
     _range(p, "trainer.eval_every", t.eval_every, lo=0)
+    from verl_bridge.runtime.trackers import check as check_loggers
+
+    p.extend(check_loggers(t.loggers, t.output_dir))
     ta = t.args
     _range(p, "trainer.args.tp_size", ta.tp_size, lo=1)
     _range(p, "trainer.args.pp_size", ta.pp_size, lo=1)
@@ -241,17 +244,21 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
         p.append(f"model.actor.args: preset and {sources[1]} are both set; use one")
     if act.args.preset is not None:
         _choice(p, "model.actor.args.preset", act.args.preset, S.PRESETS)
-    _check_dir(p, "model.actor.args.model_name_or_path", act.args.model_name_or_path, src, check_paths)
+    _check_dir(p, "model.actor.args.model_name_or_path", act.args.model_name_or_path, src, check_paths,
+               act.args.revision)
     for hook in ("model_provider", "initialize_megatron", "load_checkpoint"):
         _check_hook(p, f"model.actor.args.{hook}", getattr(act.args, hook), src, check_paths)
     if m.critic is not None:
         _choice(p, "model.critic.type", m.critic.type, S.CRITIC_TYPES)
         if m.critic.type == "huggingface":
             if not m.critic.args.model_name_or_path:
-                p.append("model.critic.args.model_name_or_path: a huggingface critic needs a local HF directory")
-            _check_dir(p, "model.critic.args.model_name_or_path", m.critic.args.model_name_or_path, src, check_paths)
+                p.append("model.critic.args.model_name_or_path: a huggingface critic needs a local HF directory "
+                         "or a hub id")
+            _check_dir(p, "model.critic.args.model_name_or_path", m.critic.args.model_name_or_path, src, check_paths,
+                       m.critic.args.revision)
         else:
-            _check_dir(p, "model.critic.args.model_name_or_path", m.critic.args.model_name_or_path, src, check_paths)
+            _check_dir(p, "model.critic.args.model_name_or_path", m.critic.args.model_name_or_path, src, check_paths,
+                       m.critic.args.revision)
             _check_hook(p, "model.critic.args.model_provider", m.critic.args.model_provider, src, check_paths)
     if m.reference is not None:
         _choice(p, "model.reference.type", m.reference.type, S.ACTOR_TYPES)

@@ -76,10 +76,9 @@ def load_prompt_file(config, files: str | None = None, key: str = "data.train_fi
     return rows
 
 
-def local_dir(path, source_dir):
-    """A relative HF directory is looked up next to the config first (as validation does), then in cwd."""
-    if path and source_dir and not os.path.isabs(path):
-        candidate = os.path.join(source_dir, path)
-        if os.path.isdir(candidate):
-            return candidate
-    return path
+def local_dir(path, source_dir, revision=None):
+    """A relative HF directory is looked up next to the config first (as validation does), then in cwd;
+    a hub id (``ORG/NAME``) resolves to its snapshot in the Hugging Face cache (:mod:`verl_bridge.data.hub`)."""
+    from verl_bridge.data.hub import resolve
+
+    return resolve(path, source_dir, revision)

@@ -28,7 +28,8 @@ def load_tokenizer(config, task=None):
         from verl_bridge.rewards import ToyTokenizer
 
         return ToyTokenizer()
-    path = local_dir(config.model.actor.args.model_name_or_path, config.source_dir)
+    path = local_dir(config.model.actor.args.model_name_or_path, config.source_dir,
+                     config.model.actor.args.revision)
     if not path:
         raise TokenizerError("data.train_files needs a tokenizer: set model.actor.args.model_name_or_path "
                              "to a local HF directory with tokenizer files, or pass tokenizer= to MegatronBridge")

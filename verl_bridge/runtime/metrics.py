@@ -43,14 +43,29 @@ def _eval_text(metrics: dict) -> str:
 
 
 class MetricsLogger:
-    """Rank 0 writes ``<run_dir>/metrics.jsonl`` (one object per step) and the console lines."""
+    """Rank 0 writes ``<run_dir>/metrics.jsonl`` (one object per step), the console lines, and the
+    trackers of ``trainer.loggers`` (TensorBoard, wandb, MLflow: :mod:`verl_bridge.runtime.trackers`)."""
 
     def __init__(self, run_dir: Optional[str], total_steps: int, enabled: bool, progress_bar: Optional[bool],
-                 log_every: int = 1):
+                 log_every: int = 1, config=None):
         self.enabled = enabled
         self.log_every = log_every
         self.total = total_steps
-        self.path = os.path.join(run_dir, "metrics.jsonl") if (run_dir and enabled) else None
+        loggers = list(config.trainer.loggers) if config is not None else ["console", "jsonl"]
+        self.console = "console" in loggers
+        self.path = os.path.join(run_dir, "metrics.jsonl") if (run_dir and enabled and "jsonl" in loggers) else None
+        self.trackers: list = []
+        if enabled and config is not None:
+            from verl_bridge.config import dump_config
+            from verl_bridge.runtime.trackers import build_trackers
+
+            self.trackers = build_trackers(config, dump_config(config))
+        if enabled:
+            from verl_bridge.runtime.mcore_notices import summary
+
+            notices = summary()  # megatron-core's fallback warnings, folded by the train entry
+            if notices:
+                info(notices)
         show_bar = sys.stdout.isatty() if progress_bar is None else progress_bar
         self._progress = None
         if enabled and show_bar:
@@ -110,8 +125,12 @@ class MetricsLogger:
         if self.path:
             with _open_append(self.path) as f:
                 f.write(json.dumps(record) + "\n")
+        for tracker in self.trackers:
+            tracker.log(step, metrics)
         if self._progress is not None:
             self._progress.update(self._task, completed=step, reward=metrics.get("reward_mean", 0.0))
+        if not self.console:
+            return
         if "actor_loss" not in metrics:  # an evaluation-only record (step 0, before training)
             info(f"Evaluation at step {step}: {_eval_text(metrics)}")
             return
@@ -131,3 +150,6 @@ class MetricsLogger:
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            tracker.close()

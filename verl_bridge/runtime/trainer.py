@@ -141,7 +141,7 @@ class MegatronTrainer:
         kl_ctl = A.build_kl_controller(a.kl.coef, a.kl.target, a.kl.horizon)
         self.state = TrainerState(config=cfg, layout=self.layout, roles=roles, kl_ctl=kl_ctl)
         self.logger = MetricsLogger(run_dir, cfg.trainer.total_steps, self.is_logger, cfg.trainer.progress_bar,
-                                    cfg.trainer.log_every)
+                                    cfg.trainer.log_every, config=cfg)
         lay = self.layout
         if self.is_logger:
             info(f"MegatronTrainer initialized with TP={lay.tp_size}, PP={lay.pp_size}, "
