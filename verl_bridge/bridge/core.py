@@ -247,8 +247,9 @@ class MegatronBridge:
             from verl_bridge.arch import hf_model_provider
             from verl_bridge.models.tiny import precision_kwargs
 
+            sp = bool(cfg.trainer.args.sequence_parallel and self.layout.tp_size > 1)
             fn = hf_model_provider(local_dir(args.model_name_or_path, cfg.source_dir),
-                                   **precision_kwargs(cfg.trainer.precision))
+                                   **precision_kwargs(cfg.trainer.precision), **({"sequence_parallel": True} if sp else {}))
         else:
             raise BridgeError("model.actor.args: no model source (preset, model_name_or_path or model_provider)")
         pre = self.layout.is_first_stage
@@ -264,8 +265,11 @@ class MegatronBridge:
         def build() -> torch.nn.Module:
             # megatron-core >= 0.15 providers may take the process groups as a ProcessGroupCollection
             pgs = default_pg_collection() if provider_accepts(fn, "pg_collection") else None
-            model = call_model_provider(fn, pre, post, vp_stage=None, model_builder=self.model_builder,
-                                        pg_collection=pgs)
+            from verl_bridge.compat.sequence_parallel import sequence_parallel_build
+
+            with sequence_parallel_build(_hook_name(fn)):  # CPU shims; an SP norm refusal named
+                model = call_model_provider(fn, pre, post, vp_stage=None, model_builder=self.model_builder,
+                                            pg_collection=pgs)
             if isinstance(model, (list, tuple)):
                 if len(model) != 1:
                     raise BridgeError(f"model_provider returned {len(model)} chunks; verl-bridge expects one model")
@@ -279,6 +283,9 @@ class MegatronBridge:
                 _info_rank0(note)
                 said.append(note)
             model = cast_like_float16_module(model, precision)
+            from verl_bridge.compat.sequence_parallel import check_sequence_parallel_norms
+
+            check_sequence_parallel_norms(model, _hook_name(fn))
             return make_cpu_safe(model.to(device))
 
         return build

@@ -42,6 +42,11 @@ class ValueHead(torch.nn.Module):
 
 def to_critic(model: torch.nn.Module) -> torch.nn.Module:
     """Turn a post-processing GPTModel into a critic: output layer -> scalar value head."""
+    if not getattr(model, "post_process", True):
+        # a pipeline stage before the last (the last holds the value head): its word embedding is
+        # no longer tied to an output layer, so no tied-embedding reduction waits for the last stage
+        model.share_embeddings_and_output_weights = False
+        return model
     if not hasattr(model, "output_layer"):
         raise ValueError("a megatron critic needs a GPTModel built with post_process=True (it has no output_layer)")
     hidden = model.config.hidden_size
