@@ -69,7 +69,10 @@ class NativeEngine:
         from verl_bridge.rollout.verify import next_token_log_probs, native_engine_log_probs
 
         if self.fast is None:
-            return native_engine_log_probs(self.model, input_ids, vocab_size, decode_steps)
+            from verl_bridge.compat.cpu_device import cpu_device_shims
+
+            with cpu_device_shims():
+                return native_engine_log_probs(self.model, input_ids, vocab_size, decode_steps)
         ids = input_ids.to(self.device)
         steps = max(0, min(decode_steps, ids.shape[1] - 2))
         was_training = self.fast.decoder.model.training
@@ -84,6 +87,12 @@ class NativeEngine:
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:
         if self.fast is not None:
             return self.fast.generate(prompts, params, seed)
+        from verl_bridge.compat.cpu_device import cpu_device_shims
+
+        with cpu_device_shims():  # megatron modules that allocate on "the current CUDA device" (CPU only)
+            return self._generate_module(prompts, params, seed)
+
+    def _generate_module(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:
         from megatron.core import parallel_state as mpu
         from megatron.core.inference.contexts import StaticInferenceContext
 
