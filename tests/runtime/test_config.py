@@ -152,7 +152,7 @@ def test_cli_pp_on_cpu_is_refused_before_any_process_starts():
         pytest.skip("this machine has CUDA; the refusal is for CPU-only machines")
     r = _cli("train", "templates/quickstart.yaml", "--nproc-per-node", "2", "trainer.args.pp_size=2")
     assert r.returncode == 2
-    assert "pipeline parallelism needs CUDA" in r.stderr
+    assert "cannot generate from a single pipeline stage yet" in r.stderr and "runs pipelined on CPU" in r.stderr
 
 
 def test_ppo_without_a_critic_gets_the_actors_model_with_a_value_head():
