@@ -27,6 +27,8 @@ def _make_hf(out_dir, arch: str) -> str:
 
     cfg = make_config(arch)
     cfg.num_hidden_layers = 4
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = [cfg.layer_types[0]] * 4
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(str(out_dir))
     return str(out_dir)
@@ -131,7 +133,8 @@ def _max_weight_diff(ref: dict, got: dict) -> tuple[float, str]:
     return worst, where
 
 
-def _compare(ref, runs, tp: int, critic: bool, capsys=None) -> dict[str, float]:
+def _compare(ref, runs, tp: int, critic: bool, tied_copy: bool = False) -> dict[str, float]:
+    """``tied_copy``: the last stage's output-layer copy of a tied embedding is compared separately."""
     diffs = {}
     m = ref["metrics"]
     for r in runs:  # every rank reports the same statistics (broadcast from the last stage)
@@ -144,7 +147,10 @@ def _compare(ref, runs, tp: int, critic: bool, capsys=None) -> dict[str, float]:
         if critic:
             diffs["critic_loss"] = max(diffs.get("critic_loss", 0.0), abs(r["metrics"]["critic_loss"] - m["critic_loss"]))
             diffs["values"] = max(diffs.get("values", 0.0), (r["values"] - ref["values"]).abs().max().item())
-    diffs["actor_weights"], actor_where = _max_weight_diff(ref["actor"], _merged(runs, "actor", tp))
+    actor = _merged(runs, "actor", tp)
+    if tied_copy:
+        actor.pop("output_layer.weight")
+    diffs["actor_weights"], actor_where = _max_weight_diff(ref["actor"], actor)
     if critic:
         diffs["critic_weights"], _ = _max_weight_diff(ref["critic"], _merged(runs, "critic", tp))
     print(f"measured |TPxPP - TP1xPP1| (worst actor weight: {actor_where}):",
@@ -183,3 +189,26 @@ def test_pipeline_schedule_is_megatrons():
     fb = get_forward_backward_func(2)
     assert fb.mcore_schedule is schedules.forward_backward_pipelining_without_interleaving
     assert get_forward_backward_func(2, 2).mcore_schedule is schedules.forward_backward_pipelining_with_interleaving
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory):
+    return _make_hf(tmp_path_factory.mktemp("hf") / "qwen2", "qwen2")  # tied embeddings, QKV bias
+
+
+@pytest.mark.slow
+def test_tied_embedding_at_pp2_through_the_schedule(qwen_dir):
+    """Tied word embedding at PP=2: the first stage's embedding and the last stage's output copy get
+    their gradients summed over megatron's embedding group after megatron's 1F1B schedule ran the
+    backward; both copies end equal, and equal to the single weight of the TP=1 x PP=1 update."""
+    ref = run_distributed(_update_worker, 1, qwen_dir, [], False)[0]
+    runs = run_distributed(_update_worker, 2, qwen_dir, ["trainer.args.pp_size=2"], False)
+    first, last = sorted(runs, key=lambda r: r["pp_rank"])
+    assert first["tied"] is not None and last["tied"] is not None
+    assert torch.equal(first["tied"], last["tied"]), "the two stages' copies of the tied embedding diverged"
+    start = ref["tied"]  # the update moved the tied weight (a zero gradient would also keep the copies equal)
+    diffs = _compare(ref, runs, tp=1, critic=False, tied_copy=True)
+    tied_diff = (first["tied"] - ref["tied"]).abs().max().item()
+    print(f"tied embedding |PP2 - PP1| = {tied_diff:.2e}")
+    assert tied_diff <= TOL and all(v <= TOL for v in diffs.values()), (tied_diff, diffs)
+    assert start is not None and "output_layer.weight" not in ref["actor"]  # one tied weight in the reference
