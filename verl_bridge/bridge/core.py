@@ -230,8 +230,10 @@ class MegatronBridge:
         cfg = self.config
         return 16, cfg.data.max_prompt_length + cfg.data.max_response_length + 8
 
-    def actor_builder(self) -> Callable[[], torch.nn.Module]:
-        """A zero-argument function that builds this rank's actor model (on the right device)."""
+    def actor_builder(self, whole_model: bool = False) -> Callable[[], torch.nn.Module]:
+        """A zero-argument function that builds this rank's actor model (on the right device);
+        ``whole_model``: with pre- and post-processing whatever the pipeline stage (a generation
+        replica, built inside :func:`verl_bridge.rollout.replica.pipeline_merged`)."""
         cfg = self.config
         args = cfg.model.actor.args
         provider = _resolve(self._provider, cfg.source_dir, "model.actor.args.model_provider")
@@ -252,8 +254,8 @@ class MegatronBridge:
                                    **precision_kwargs(cfg.trainer.precision), **({"sequence_parallel": True} if sp else {}))
         else:
             raise BridgeError("model.actor.args: no model source (preset, model_name_or_path or model_provider)")
-        pre = self.layout.is_first_stage
-        post = self.layout.is_last_stage
+        pre = self.layout.is_first_stage or whole_model
+        post = self.layout.is_last_stage or whole_model
         device = self.layout.device
 
         from verl_bridge.bridge.precision import PrecisionMismatchError, cast_like_float16_module, resolve_precision

@@ -68,13 +68,6 @@ def train(config_file: str, overrides: tuple[str, ...], nproc: int | None, nnode
 
         click.echo("\n".join(dry_run_lines(cfg, world, has_cuda)))
         return
-    if cfg.trainer.args.pp_size > 1 and not has_cuda:
-        # training itself runs pipelined on CPU (megatron-core's schedules, verl_bridge.compat.pipeline);
-        # generating from one pipeline stage does not (the generation replicas are not built yet)
-        raise ConfigProblem(
-            f"trainer.args.pp_size={cfg.trainer.args.pp_size}: the update runs pipelined on CPU, but rollout "
-            f"engine {cfg.rollout.engine!r} cannot generate from a single pipeline stage yet; use pp_size=1 "
-            "for a full run on CPU, or --dry-run to check the plan")
     if world > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}"]
         if nnodes == 1:

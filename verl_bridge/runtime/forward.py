@@ -28,13 +28,19 @@ def forward_micro_batches(model, batches: list[Experience], loss_fn, *, pp_size:
     vp = len(chunks) if len(chunks) > 1 else None
     fb = cpu_forward_backward_no_pipelining if outside else get_forward_backward_func(pp_size, vp)
 
+    pad = 0 if outside else _sequence_parallel_padding(chunks[0], batches[0].input_ids.shape[1])
+
     def forward_step(data_iterator, module):
         mb = next(data_iterator)
-        ids, pos, mask = model_inputs(mb.input_ids, mb.attention_mask)
+        ids, am = mb.input_ids, mb.attention_mask
+        if pad:  # masked positions after the sequence: outputs never read, earlier positions unchanged
+            ids = torch.nn.functional.pad(ids, (0, pad), value=0)
+            am = torch.nn.functional.pad(am, (0, pad), value=0)
+        ids, pos, mask = model_inputs(ids, am)
         out = module(ids, pos, mask)
         return out, partial(loss_fn, mb)
 
-    seq = batches[0].input_ids.shape[1]
+    seq = batches[0].input_ids.shape[1] + pad
     # a virtual pipeline: every chunk reads the micro-batches through its own iterator
     data = [iter(batches) for _ in chunks] if len(chunks) > 1 else iter(batches)
     res = fb(forward_step_func=forward_step, data_iterator=data, model=chunks,
@@ -43,6 +49,17 @@ def forward_micro_batches(model, batches: list[Experience], loss_fn, *, pp_size:
     if pp_size > 1 and not outside:
         res = broadcast_from_last_stage(res)
     return res
+
+
+def _sequence_parallel_padding(model, seq: int) -> int:
+    """Positions to append so that ``seq`` splits over TP (sequence parallelism needs it), else 0."""
+    from verl_bridge.compat import unwrap_model
+
+    config = getattr(unwrap_model(model), "config", None)
+    tp = getattr(config, "tensor_model_parallel_size", 1) or 1
+    if not getattr(config, "sequence_parallel", False) or tp <= 1:
+        return 0
+    return (-seq) % tp
 
 
 def broadcast_from_last_stage(obj):
