@@ -7,8 +7,8 @@ tokens to the TP group, so every TP rank holds identical samples -> stop when ev
 emitted EOS or ``max_new_tokens`` is reached.
 
 The engine reads the actor's live parameters, so "weight sync" is a no-op apart from the
-verification probe (see :mod:`verl_bridge.rollout.verify`). PP > 1 is not supported by this
-engine (generation would need a pipelined decode); the config validator says so.
+verification probe (see :mod:`verl_bridge.rollout.verify`). At PP > 1 it runs on a generation
+replica (the whole model per TP group, refilled every step): :mod:`verl_bridge.rollout.replica`.
 """
 
 from __future__ import annotations
