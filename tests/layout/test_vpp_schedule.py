@@ -51,7 +51,7 @@ def _worker(rank, world_size, vp, full_state):
     for i in range(vp or 1):
         pre = mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=i) if vp else mpu.is_pipeline_first_stage()
         post = mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=i) if vp else mpu.is_pipeline_last_stage()
-        chunks.append(provider(pre, post, vp_stage=i if vp else None))
+        chunks.append(provider(pre, post, vp_stage=i if vp else None).eval())  # no dropout: comparable runs
     if full_state is None:
         full_state = {}
         for c in chunks:
@@ -65,8 +65,13 @@ def _worker(rank, world_size, vp, full_state):
             for k, v in c.state_dict().items():
                 if not k.endswith("_extra_state"):
                     v.copy_(full_state[to_global_name(k, offset)])
-    cfg = load_config("templates/quickstart.yaml", ["trainer.output_dir=null"])
-    losses, norm = _loss_and_step(chunks, _experience(), cfg, pp)
+    cfg = load_config("templates/quickstart.yaml", ["trainer.output_dir=null", f"trainer.args.pp_size={pp}"],
+                      world_size=world_size)
+    exp = _experience()
+    g = torch.Generator().manual_seed(1)
+    exp.tensors["old_log_probs"] = -2.8 + 0.1 * torch.randn(exp.response_ids.shape, generator=g)
+    exp.tensors["advantages"] = torch.randn(exp.response_ids.shape, generator=g)
+    losses, norm = _loss_and_step(chunks, exp, cfg, pp)
     after = {}
     for c in chunks:
         after.update(_local_weights(c))
@@ -75,6 +80,9 @@ def _worker(rank, world_size, vp, full_state):
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="open (issue #22 item 4, VPP): megatron's interleaved schedule runs on CPU "
+                   "through the shims, micro-batches 0-1 match PP=1 exactly, 2-3 differ (loss 0.3646 vs 0.3638): "
+                   "the steady-state P2P pairing of CpuP2PCommunicator is the suspect, not yet found")
 def test_vpp2_interleaved_schedule_equals_pp1():
     ref = run_distributed(_worker, 1, None, None)[0]
     runs = run_distributed(_worker, 2, 2, ref["before"])
