@@ -326,6 +326,10 @@ class MegatronBridge:
         build = self.actor_builder()
         actor = build()
         self._load_initial_weights(actor)
+        source = cfg.model.actor.args.model_name_or_path or cfg.model.actor.args.load_path
+        if source and self._provider is None:
+            world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+            _info_rank0(f"Actor model loaded from {source} (sharded across {world} ranks)")
         actor_opt = build_optimizer(actor, cfg.optim.actor, self.layout)
         a = cfg.algorithm
         reference = None
