@@ -206,7 +206,14 @@ def build_gpt_model(tf_kwargs: dict, gpt_kwargs: dict, *, pre_process: bool = Tr
     ps = model_parallel_state()
     tp, pp = (1, 1) if ps is None else (ps.tp_size, ps.pp_size)
     tf = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, **tf_kwargs, **overrides}
+    if pp > 1 and tf.get("pipeline_dtype") is None:  # what pipeline schedules receive in (megatron requires it)
+        tf["pipeline_dtype"] = tf.get("params_dtype", torch.float32)
     config = TransformerConfig(**tf)
+    gpt_kwargs = dict(gpt_kwargs)
+    if "transformer_layer_spec" in gpt_kwargs:  # sequence parallel: an SP-capable final norm
+        from verl_bridge.models.spec import block_spec_for_layer
+
+        gpt_kwargs["transformer_layer_spec"] = block_spec_for_layer(config, gpt_kwargs["transformer_layer_spec"])
     model = GPTModel(config=config, pre_process=pre_process, post_process=post_process, **gpt_kwargs)
     return make_cpu_safe(model)
 

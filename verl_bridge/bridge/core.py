@@ -230,8 +230,10 @@ class MegatronBridge:
         cfg = self.config
         return 16, cfg.data.max_prompt_length + cfg.data.max_response_length + 8
 
-    def actor_builder(self) -> Callable[[], torch.nn.Module]:
-        """A zero-argument function that builds this rank's actor model (on the right device)."""
+    def actor_builder(self, whole_model: bool = False) -> Callable[[], torch.nn.Module]:
+        """A zero-argument function that builds this rank's actor model (on the right device);
+        ``whole_model``: with pre- and post-processing whatever the pipeline stage (a generation
+        replica, built inside :func:`verl_bridge.rollout.replica.pipeline_merged`)."""
         cfg = self.config
         args = cfg.model.actor.args
         provider = _resolve(self._provider, cfg.source_dir, "model.actor.args.model_provider")
@@ -247,12 +249,13 @@ class MegatronBridge:
             from verl_bridge.arch import hf_model_provider
             from verl_bridge.models.tiny import precision_kwargs
 
+            sp = bool(cfg.trainer.args.sequence_parallel and self.layout.tp_size > 1)
             fn = hf_model_provider(local_dir(args.model_name_or_path, cfg.source_dir, args.revision),
-                                   **precision_kwargs(cfg.trainer.precision))
+                                   **precision_kwargs(cfg.trainer.precision), **({"sequence_parallel": True} if sp else {}))
         else:
             raise BridgeError("model.actor.args: no model source (preset, model_name_or_path or model_provider)")
-        pre = self.layout.is_first_stage
-        post = self.layout.is_last_stage
+        pre = self.layout.is_first_stage or whole_model
+        post = self.layout.is_last_stage or whole_model
         device = self.layout.device
 
         from verl_bridge.bridge.precision import PrecisionMismatchError, cast_like_float16_module, resolve_precision
@@ -264,8 +267,11 @@ class MegatronBridge:
         def build() -> torch.nn.Module:
             # megatron-core >= 0.15 providers may take the process groups as a ProcessGroupCollection
             pgs = default_pg_collection() if provider_accepts(fn, "pg_collection") else None
-            model = call_model_provider(fn, pre, post, vp_stage=None, model_builder=self.model_builder,
-                                        pg_collection=pgs)
+            from verl_bridge.compat.sequence_parallel import sequence_parallel_build
+
+            with sequence_parallel_build(_hook_name(fn)):  # CPU shims; an SP norm refusal named
+                model = call_model_provider(fn, pre, post, vp_stage=None, model_builder=self.model_builder,
+                                            pg_collection=pgs)
             if isinstance(model, (list, tuple)):
                 if len(model) != 1:
                     raise BridgeError(f"model_provider returned {len(model)} chunks; verl-bridge expects one model")
@@ -279,6 +285,9 @@ class MegatronBridge:
                 _info_rank0(note)
                 said.append(note)
             model = cast_like_float16_module(model, precision)
+            from verl_bridge.compat.sequence_parallel import check_sequence_parallel_norms
+
+            check_sequence_parallel_norms(model, _hook_name(fn))
             return make_cpu_safe(model.to(device))
 
         return build
@@ -317,6 +326,10 @@ class MegatronBridge:
         build = self.actor_builder()
         actor = build()
         self._load_initial_weights(actor)
+        source = cfg.model.actor.args.model_name_or_path or cfg.model.actor.args.load_path
+        if source and self._provider is None:
+            world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+            _info_rank0(f"Actor model loaded from {source} (sharded across {world} ranks)")
         actor_opt = build_optimizer(actor, cfg.optim.actor, self.layout)
         a = cfg.algorithm
         reference = None

@@ -43,8 +43,8 @@ def parallel_plan(cfg: Config, world_size: int, has_cuda: bool) -> list[str]:
     lines.append(f"output          {cfg.trainer.output_dir} (metrics.jsonl, config.yaml, checkpoints/)")
     notes = []
     if ta.pp_size > 1 and not has_cuda:
-        notes.append(f"PP={ta.pp_size} needs CUDA (megatron-core's pipeline schedules allocate on the GPU); "
-                     "this machine has none, so this plan can be launched only on a GPU machine")
+        notes.append(f"PP={ta.pp_size} on CPU: megatron-core's pipeline schedules over gloo (verl_bridge.compat.pipeline); "
+                     f"rollout on {world_size // max(ta.tp_size, 1)} generation replicas (whole model per TP group)")
     if ta.sequence_parallel and ta.tp_size == 1:
         notes.append("sequence_parallel has no effect with tp_size=1")
     if micro_per_rank < 1:

@@ -77,11 +77,6 @@ def train(config_file: str, overrides: tuple[str, ...], nproc: int | None, nnode
         click.echo("\n".join(dry_run_lines(cfg, world, has_cuda)))
         return
     _fetch_models(cfg)
-    if cfg.trainer.args.pp_size > 1 and not has_cuda:
-        raise ConfigProblem(
-            f"trainer.args.pp_size={cfg.trainer.args.pp_size}: pipeline parallelism needs CUDA "
-            "(megatron-core's pipeline schedules allocate on the GPU) and this machine has none; "
-            "use pp_size=1 on CPU, or --dry-run to check the plan")
     if world > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}"]
         if nnodes == 1:

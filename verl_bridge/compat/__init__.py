@@ -5,9 +5,18 @@
   ``ProcessGroupCollection`` since 0.15, RoPE ``get_emb`` since 0.16, ``GPTModel`` deprecation
   since 0.19);
 * :mod:`.cpu`: megatron-core 0.12-0.19 modules that assume CUDA (RoPE, attention KV cache, vocab
-  gather; RoPE ``forward`` before 0.16) made to run on the CPU: :func:`make_cpu_safe`.
+  gather; RoPE ``forward`` before 0.16) made to run on the CPU: :func:`make_cpu_safe`;
+* :mod:`.cpu_device`: ``cpu_device_shims()``, megatron's module-level "current CUDA device" calls
+  (SP scatter/gather buffers, DotProductAttention's score buffer and causal mask, the schedules'
+  token counter, tied-embedding setup at PP > 1, the RNG tracker's fork) answered on a CPU-only
+  torch, only inside verl-bridge's own calls into megatron (model build, schedules, generation);
+* :mod:`.pipeline`: megatron-core's pipelined schedules (1F1B, interleaved) on the CPU over gloo
+  (``CpuP2PCommunicator``, megatron-core >= 0.15);
+* :mod:`.sequence_parallel`: a provider whose norms cannot run sequence-parallel, refused by name.
 
-None of them patches a library module; each acts on objects verl-bridge or the user built.
+None of them patches a library module's code; each acts on objects verl-bridge or the user built,
+or (``cpu_device_shims``) answers, for the duration of one call, CUDA queries that could only
+raise on this machine.
 """
 
 from __future__ import annotations

@@ -13,7 +13,12 @@ dispatches to the flash / memory-efficient SDPA kernels without Transformer Engi
 CUDA assumptions that remain in megatron-core (and how verl-bridge avoids them on CPU):
 
 * the pipeline schedules for PP>1 (``forward_backward_pipelining_*``) allocate P2P buffers on
-  CUDA: PP>1 therefore needs CUDA; on CPU the config validator rejects ``pp_size > 1`` at launch.
+  CUDA: on CPU they run through the shims of :mod:`verl_bridge.compat.pipeline`.
+* megatron's torch norm (``WrappedTorchNorm``, the local spec's norm without apex) refuses
+  sequence parallelism: the portable spec uses :class:`PortableNorm` (torch ``LayerNorm`` /
+  ``RMSNorm`` whose weights carry megatron's ``sequence_parallel`` tag, so the SP gradient
+  all-reduce over TP includes them), for the layer norms and the block's final norm
+  (:func:`get_portable_gpt_block_spec`).
 * ``tensor_parallel.model_parallel_cuda_manual_seed`` seeds CUDA generators: on CPU we seed with
   :func:`verl_bridge.distributed.seed_everything`, which only touches CUDA when it exists.
 * megatron's ``DistributedDataParallel`` and distributed optimizer use CUDA streams / buffers; on
@@ -28,6 +33,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
@@ -129,8 +135,77 @@ class SDPAttention(MegatronModule):
         return out.permute(2, 0, 1, 3).reshape(s, b, h * d)
 
 
+class PortableNorm:
+    """torch ``LayerNorm`` / ``RMSNorm`` (``config.normalization``) that can run sequence-parallel.
+
+    The constructor contract of megatron's ``WrappedTorchNorm`` (and ``TENorm``): ``(config,
+    hidden_size, eps)``. Under sequence parallelism each TP rank normalises its own slice of the
+    sequence (megatron's scatter/gather around the layers does the splitting), so the weights get
+    only that slice's gradient: they are tagged ``sequence_parallel = True`` as megatron tags its
+    SP norms (TENorm, FusedLayerNorm), and ``finalize_model_grads`` (megatron's, or
+    :func:`verl_bridge.runtime.grads.finalize_grads`) sums their gradients over TP.
+    """
+
+    def __new__(cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_unused):
+        if config.normalization == "LayerNorm":
+            norm = torch.nn.LayerNorm(hidden_size, eps=eps, dtype=config.params_dtype)
+        elif config.normalization == "RMSNorm":
+            norm = torch.nn.RMSNorm(hidden_size, eps=eps, dtype=config.params_dtype)
+        else:
+            raise ValueError(f"PortableNorm: normalization={config.normalization!r}; LayerNorm or RMSNorm")
+        if config.layernorm_zero_centered_gamma:
+            raise ValueError("PortableNorm: layernorm_zero_centered_gamma is not supported; set it False")
+        for p in norm.parameters():
+            setattr(p, "sequence_parallel", bool(config.sequence_parallel))
+        return norm
+
+
 def get_portable_gpt_layer_spec(normalization: str = "LayerNorm", qk_layernorm: bool = False) -> ModuleSpec:
-    """megatron-core's local GPT layer spec with :class:`SDPAttention` as core attention."""
+    """megatron-core's local GPT layer spec with :class:`SDPAttention` as core attention and
+    :class:`PortableNorm` as the layer norms (sequence-parallel capable)."""
     spec = get_gpt_layer_local_spec(normalization=normalization, qk_layernorm=qk_layernorm)
     spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    for key in ("input_layernorm", "pre_mlp_layernorm"):
+        if _is_torch_norm(getattr(spec.submodules, key)):  # not apex's FusedLayerNorm where installed
+            setattr(spec.submodules, key, PortableNorm)
     return spec
+
+
+def _is_torch_norm(cls) -> bool:
+    """megatron's ``WrappedTorchNorm`` (the local spec's norm without apex), which refuses SP."""
+    return getattr(cls, "__name__", "") == "WrappedTorchNorm"
+
+
+def block_spec_for_layer(config: TransformerConfig, layer_spec, vp_stage=None):
+    """``layer_spec`` as a block spec with a :class:`PortableNorm` final norm when ``config`` runs
+    sequence-parallel and megatron's default final norm would be its torch norm (which refuses SP);
+    otherwise ``layer_spec`` unchanged."""
+    from megatron.core.transformer.transformer_block import LayerNormImpl, get_num_layers_to_build
+
+    from verl_bridge.compat.mcore_versions import VP_STAGE_SINCE, mcore_version
+
+    if not getattr(config, "sequence_parallel", False) or not isinstance(layer_spec, ModuleSpec):
+        return layer_spec
+    if not _is_torch_norm(LayerNormImpl):
+        return layer_spec
+    kw = {"vp_stage": vp_stage} if mcore_version() >= VP_STAGE_SINCE else {}
+    return TransformerBlockSubmodules(layer_specs=[layer_spec] * get_num_layers_to_build(config, **kw),
+                                      layer_norm=PortableNorm)
+
+
+def get_portable_gpt_block_spec(config: TransformerConfig, normalization: str = "LayerNorm",
+                                qk_layernorm: bool = False, vp_stage=None) -> TransformerBlockSubmodules:
+    """The block spec of this pipeline stage (``vp_stage``: its virtual chunk): the portable layer spec
+    for each of its layers and :class:`PortableNorm` as the final norm (a bare layer spec gets
+    megatron's default final norm, which refuses sequence parallelism without TE or apex)."""
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    from verl_bridge.compat.mcore_versions import VP_STAGE_SINCE, mcore_version
+
+    from megatron.core.transformer.transformer_block import LayerNormImpl
+
+    layer = get_portable_gpt_layer_spec(normalization, qk_layernorm)
+    kw = {"vp_stage": vp_stage} if mcore_version() >= VP_STAGE_SINCE else {}
+    n = get_num_layers_to_build(config, **kw)
+    final = PortableNorm if _is_torch_norm(LayerNormImpl) else LayerNormImpl
+    return TransformerBlockSubmodules(layer_specs=[layer] * n, layer_norm=final)

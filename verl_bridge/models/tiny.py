@@ -30,14 +30,21 @@ def transformer_config_kwargs(precision: str = "fp32") -> dict:
 
 
 def tiny_model_provider(args, vocab_size: int, max_sequence_length: int, precision: str = "fp32",
-                        tp_size: int = 1, sequence_parallel: bool = False) -> Callable:
+                        tp_size: int = 1, sequence_parallel: bool = False, pp_size: int | None = None,
+                        vp_size: int | None = None) -> Callable:
+    """``model_provider(pre_process, post_process, vp_stage=None)``; ``pp_size`` default: megatron's
+    current pipeline size; ``vp_size``: virtual pipeline chunks per stage (None: no virtual pipeline)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from verl_bridge.compat import make_cpu_safe
-    from verl_bridge.models.spec import get_portable_gpt_layer_spec
+    from verl_bridge.compat.mcore_versions import gpt_model_kwargs
+    from verl_bridge.distributed.state import model_parallel_state
+    from verl_bridge.models.spec import get_portable_gpt_block_spec
 
-    def model_provider(pre_process: bool = True, post_process: bool = True) -> GPTModel:
+    def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage=None) -> GPTModel:
+        ps = model_parallel_state()
+        pp = pp_size if pp_size is not None else (ps.pp_size if ps is not None else 1)
         config = TransformerConfig(
             num_layers=args.num_layers,
             hidden_size=args.hidden_size,
@@ -50,18 +57,22 @@ def tiny_model_provider(args, vocab_size: int, max_sequence_length: int, precisi
             add_bias_linear=False,
             init_method_std=0.02,
             tensor_model_parallel_size=tp_size,
+            pipeline_model_parallel_size=pp,
+            virtual_pipeline_model_parallel_size=vp_size,
             sequence_parallel=sequence_parallel and tp_size > 1,
+            pipeline_dtype=precision_kwargs(precision).get("params_dtype", torch.float32),
             **transformer_config_kwargs(precision),
         )
         model = GPTModel(
             config=config,
-            transformer_layer_spec=get_portable_gpt_layer_spec("RMSNorm"),
+            transformer_layer_spec=get_portable_gpt_block_spec(config, "RMSNorm", vp_stage=vp_stage),
             vocab_size=vocab_size,
             max_sequence_length=max_sequence_length,
             pre_process=pre_process,
             post_process=post_process,
             position_embedding_type="rope",
-            share_embeddings_and_output_weights=False,
+            share_embeddings_and_output_weights=bool(getattr(args, "tie_embeddings", False)),
+            **gpt_model_kwargs(vp_stage),
         )
         model.hf_vocab_size = vocab_size  # built unpadded: the samplers' and the trainer's vocabulary
         return make_cpu_safe(model)

@@ -7,8 +7,8 @@ tokens to the TP group, so every TP rank holds identical samples -> stop when ev
 emitted EOS or ``max_new_tokens`` is reached.
 
 The engine reads the actor's live parameters, so "weight sync" is a no-op apart from the
-verification probe (see :mod:`verl_bridge.rollout.verify`). PP > 1 is not supported by this
-engine (generation would need a pipelined decode); the config validator says so.
+verification probe (see :mod:`verl_bridge.rollout.verify`). At PP > 1 it runs on a generation
+replica (the whole model per TP group, refilled every step): :mod:`verl_bridge.rollout.replica`.
 """
 
 from __future__ import annotations
@@ -69,7 +69,10 @@ class NativeEngine:
         from verl_bridge.rollout.verify import next_token_log_probs, native_engine_log_probs
 
         if self.fast is None:
-            return native_engine_log_probs(self.model, input_ids, vocab_size, decode_steps)
+            from verl_bridge.compat.cpu_device import cpu_device_shims
+
+            with cpu_device_shims():
+                return native_engine_log_probs(self.model, input_ids, vocab_size, decode_steps)
         ids = input_ids.to(self.device)
         steps = max(0, min(decode_steps, ids.shape[1] - 2))
         was_training = self.fast.decoder.model.training
@@ -84,6 +87,12 @@ class NativeEngine:
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:
         if self.fast is not None:
             return self.fast.generate(prompts, params, seed)
+        from verl_bridge.compat.cpu_device import cpu_device_shims
+
+        with cpu_device_shims():  # megatron modules that allocate on "the current CUDA device" (CPU only)
+            return self._generate_module(prompts, params, seed)
+
+    def _generate_module(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:
         from megatron.core import parallel_state as mpu
         from megatron.core.inference.contexts import StaticInferenceContext
 

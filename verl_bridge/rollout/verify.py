@@ -198,7 +198,9 @@ def megatron_log_probs(model, input_ids: torch.Tensor, vocab_size: Optional[int]
     device = next(model.parameters()).device
     ids = input_ids.to(device)
     ids, pos, mask = model_inputs(ids, torch.ones_like(ids))
-    with _eval_mode(model):
+    from verl_bridge.compat.cpu_device import cpu_device_shims
+
+    with _eval_mode(model), cpu_device_shims():
         logits = _gather_vocab(model(ids, pos, mask))
     return next_token_log_probs(logits, ids, vocab_size).cpu()
 

@@ -1,8 +1,13 @@
 """Run a role's model over micro-batches with megatron's schedule, and slice its response logits.
 
-Megatron models run under ``forward_backward_func`` (pipeline schedules included); a replicated
-non-megatron module (the Hugging Face critic, ``runs_outside_megatron_schedule``) runs the plain
-loop of :mod:`verl_bridge.runtime.schedule` on any device and PP size.
+Megatron models run under ``forward_backward_func`` (pipeline schedules included; a list of model
+chunks is a virtual pipeline); a replicated non-megatron module (the Hugging Face critic,
+``runs_outside_megatron_schedule``) runs the plain loop of :mod:`verl_bridge.runtime.schedule` on any
+device and PP size.
+
+With PP > 1 only the last stage computes the loss function, so only it gets the per-micro-batch
+results; they are broadcast over the pipeline group from there, so every stage returns the same
+list (log-probs, values and update statistics are needed on every rank).
 """
 
 from __future__ import annotations
@@ -18,19 +23,57 @@ from verl_bridge.runtime.schedule import cpu_forward_backward_no_pipelining, get
 
 def forward_micro_batches(model, batches: list[Experience], loss_fn, *, pp_size: int, forward_only: bool) -> list[dict]:
     """``loss_fn(mb, output) -> (loss, stats)`` on each micro-batch; returns the stats of each."""
-    fb = (cpu_forward_backward_no_pipelining if getattr(model, "runs_outside_megatron_schedule", False)
-          else get_forward_backward_func(pp_size))
+    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+    outside = getattr(chunks[0], "runs_outside_megatron_schedule", False)
+    vp = len(chunks) if len(chunks) > 1 else None
+    fb = cpu_forward_backward_no_pipelining if outside else get_forward_backward_func(pp_size, vp)
+
+    pad = 0 if outside else _sequence_parallel_padding(chunks[0], batches[0].input_ids.shape[1])
 
     def forward_step(data_iterator, module):
         mb = next(data_iterator)
-        ids, pos, mask = model_inputs(mb.input_ids, mb.attention_mask)
+        ids, am = mb.input_ids, mb.attention_mask
+        if pad:  # masked positions after the sequence: outputs never read, earlier positions unchanged
+            ids = torch.nn.functional.pad(ids, (0, pad), value=0)
+            am = torch.nn.functional.pad(am, (0, pad), value=0)
+        ids, pos, mask = model_inputs(ids, am)
         out = module(ids, pos, mask)
         return out, partial(loss_fn, mb)
 
-    seq = batches[0].input_ids.shape[1]
-    return fb(forward_step_func=forward_step, data_iterator=iter(batches), model=[model],
-              num_microbatches=len(batches), seq_length=seq, micro_batch_size=batches[0].size,
-              forward_only=forward_only)
+    seq = batches[0].input_ids.shape[1] + pad
+    # a virtual pipeline: every chunk reads the micro-batches through its own iterator
+    data = [iter(batches) for _ in chunks] if len(chunks) > 1 else iter(batches)
+    res = fb(forward_step_func=forward_step, data_iterator=data, model=chunks,
+             num_microbatches=len(batches), seq_length=seq, micro_batch_size=batches[0].size,
+             forward_only=forward_only)
+    if pp_size > 1 and not outside:
+        res = broadcast_from_last_stage(res)
+    return res
+
+
+def _sequence_parallel_padding(model, seq: int) -> int:
+    """Positions to append so that ``seq`` splits over TP (sequence parallelism needs it), else 0."""
+    from verl_bridge.compat import unwrap_model
+
+    config = getattr(unwrap_model(model), "config", None)
+    tp = getattr(config, "tensor_model_parallel_size", 1) or 1
+    if not getattr(config, "sequence_parallel", False) or tp <= 1:
+        return 0
+    return (-seq) % tp
+
+
+def broadcast_from_last_stage(obj):
+    """``obj`` as the last pipeline stage holds it, on every stage of this rank's pipeline group."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    group = mpu.get_pipeline_model_parallel_group()
+    if group is None or dist.get_world_size(group) <= 1:
+        return obj
+    src = dist.get_process_group_ranks(group)[-1]
+    box = [obj if dist.get_rank() == src else None]
+    dist.broadcast_object_list(box, src=src, group=group)
+    return box[0]
 
 
 def response_logits(output: torch.Tensor, mb: Experience, temperature: float, vocab_size=None) -> torch.Tensor:

@@ -1,12 +1,14 @@
-"""The forward/backward schedule: megatron-core's on CUDA, a CPU one with the same contract.
+"""The forward/backward schedule: megatron-core's own, on CUDA and (pipelined) on the CPU.
 
-megatron-core's ``get_forward_backward_func()`` returns ``forward_backward_no_pipelining`` for
-PP=1, but in 0.12-0.19 that function allocates its token counter with ``device="cuda"``, and the
-pipelined schedules allocate their P2P buffers on CUDA. On CPU we therefore run
-:func:`cpu_forward_backward_no_pipelining`, which follows the same contract (the same
-``forward_step_func(data_iterator, model) -> (output, loss_func)``, the same
-``loss_func(output) -> (loss, [num_tokens,] reduced_dict)`` and the same return value: the list of
-per-micro-batch reduced dicts). PP>1 needs CUDA; the trainer refuses it on CPU before starting.
+* CUDA: megatron-core's ``get_forward_backward_func()``, unchanged.
+* CPU, PP > 1: megatron-core's pipelined schedules (1F1B; the interleaved one with a virtual
+  pipeline) over gloo, through the named shims of :mod:`verl_bridge.compat.pipeline` (receive
+  buffers on the CPU, the token counter off CUDA).
+* CPU, PP = 1: :func:`cpu_forward_backward_no_pipelining`, which follows the contract of
+  megatron's ``forward_backward_no_pipelining`` (the same
+  ``forward_step_func(data_iterator, model) -> (output, loss_func)``, the same
+  ``loss_func(output) -> (loss, [num_tokens,] reduced_dict)`` and the same return value: the list of
+  per-micro-batch reduced dicts).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 import torch
+
+from verl_bridge.compat.cpu_device import cpu_device_shims
 
 
 def cpu_forward_backward_no_pipelining(
@@ -35,6 +39,12 @@ def cpu_forward_backward_no_pipelining(
         raise ValueError(f"the CPU schedule runs one model chunk, got {len(chunks)} (virtual pipeline needs CUDA)")
     module = chunks[0]
     reduced = []
+    with cpu_device_shims():
+        _loop(forward_step_func, data_iterator, module, num_microbatches, forward_only, reduced)
+    return reduced
+
+
+def _loop(forward_step_func, data_iterator, module, num_microbatches, forward_only, reduced) -> None:
     for _ in range(num_microbatches):
         with torch.set_grad_enabled(not forward_only):
             output, loss_func = forward_step_func(data_iterator, module)
@@ -46,17 +56,15 @@ def cpu_forward_backward_no_pipelining(
         if not forward_only:
             (loss / num_microbatches).backward()
         reduced.append(stats)
-    return reduced
 
 
-def get_forward_backward_func(pp_size: int = 1) -> Callable:
+def get_forward_backward_func(pp_size: int = 1, vp_size=None) -> Callable:
     if torch.cuda.is_available():
         from megatron.core.pipeline_parallel import get_forward_backward_func as mcore_fb
 
         return mcore_fb()
     if pp_size > 1:
-        raise RuntimeError(
-            f"pipeline parallelism (pp_size={pp_size}) needs CUDA: megatron-core's pipeline schedules "
-            "allocate their buffers on the GPU. Use trainer.args.pp_size=1 on CPU."
-        )
+        from verl_bridge.compat.pipeline import cpu_pipeline_schedule
+
+        return cpu_pipeline_schedule(pp_size, vp_size)
     return cpu_forward_backward_no_pipelining

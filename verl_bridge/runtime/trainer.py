@@ -127,7 +127,7 @@ class MegatronTrainer:
             return  # a separate reward group builds only its scorer
         roles = self.bridge.build_roles()
         self.is_logger = dist.get_rank() == 0
-        if self.is_logger and cfg.data.num_rollout_workers != 1:
+        if self.is_logger and cfg.data.num_rollout_workers != 1 and self.layout.pp_size == 1:
             warn(f"data.num_rollout_workers={cfg.data.num_rollout_workers} has no effect: verl-bridge runs SPMD, "
                  f"and the rollout workers are the {self.layout.dp_size} data-parallel rank(s), each generating "
                  f"data.rollout_batch_size / dp = {cfg.data.rollout_batch_size // max(self.layout.dp_size, 1)} "
@@ -165,6 +165,10 @@ class MegatronTrainer:
             raise RuntimeError(f"rollout.engine={cfg.rollout.engine!r} is not available in this build; use native")
         from verl_bridge.rollout.native import NativeEngine
 
+        if self.layout.pp_size > 1:  # generation replicas resharded from the pipeline (rollout/replica.py)
+            from verl_bridge.rollout.replica import start_replicas
+
+            return start_replicas(self.bridge, roles.actor, self.layout, cfg, self.is_logger)
         engine = NativeEngine(roles.actor, self.device, compile=cfg.rollout.compile_decode, decode=cfg.rollout.decode)
         if self.is_logger:
             info(f"rollout: native engine, {engine.path} decode path"
