@@ -15,6 +15,8 @@ the actor learning rate, and so on. One concern per module, each a mixin of :cla
 ``clip_loss``      the clipped ratio, value clip and loss coefficients
 ``logprob_roles``  which model produced a log-prob tensor: the frozen reference or the policy
 ``reward``         the reward function
+``probe``          the advantage estimator identified by running its extracted block on synthetic
+                   rewards in a sandboxed subprocess (fallback: the static recognisers)
 ``refusals``       blockers named as such: Ray trainer actors, DPO-style preference losses, multi-turn
                    tool-use episodes, replay buffers across steps, a greedy-decoding baseline
 ``frameworks``     TRL's legacy ``PPOTrainer.step`` loop with its version's defaults, framework
@@ -41,6 +43,7 @@ from .kl import KLMixin
 from .logprob_roles import LogProbRolesMixin
 from .loops import LoopsMixin
 from .report import ReportMixin
+from .probe import ProbeMixin
 from .refusals import RefusalsMixin
 from .reward import RewardMixin
 
@@ -48,7 +51,7 @@ __all__ = ["Analysis", "Recognizer", "analyze"]
 
 
 class Recognizer(LoopsMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLossMixin, LogProbRolesMixin,
-                 RewardMixin, RefusalsMixin, FrameworksMixin, ReportMixin, RecognizerBase):
+                 RewardMixin, RefusalsMixin, ProbeMixin, FrameworksMixin, ReportMixin, RecognizerBase):
     def run(self) -> Analysis:
         a = self.a
         trainer_calls = [c for c, _ in self.calls if self.qn(c.func) & set(TRAINER_QNAMES)]
