@@ -17,6 +17,8 @@ the actor learning rate, and so on. One concern per module, each a mixin of :cla
 ``reward``         the reward function
 ``probe``          the advantage estimator identified by running its extracted block on synthetic
                    rewards in a sandboxed subprocess (fallback: the static recognisers)
+``policy_gradient`` an update with no ratio: on-policy (one optimizer step per rollout batch) is
+                   one PPO epoch; several steps per batch are refused
 ``refusals``       blockers named as such: Ray trainer actors, DPO-style preference losses, multi-turn
                    tool-use episodes, replay buffers across steps, a greedy-decoding baseline
 ``frameworks``     TRL's legacy ``PPOTrainer.step`` loop with its version's defaults, framework
@@ -43,6 +45,7 @@ from .kl import KLMixin
 from .logprob_roles import LogProbRolesMixin
 from .loops import LoopsMixin
 from .report import ReportMixin
+from .policy_gradient import PolicyGradientMixin
 from .probe import ProbeMixin
 from .refusals import RefusalsMixin
 from .reward import RewardMixin
@@ -51,7 +54,7 @@ __all__ = ["Analysis", "Recognizer", "analyze"]
 
 
 class Recognizer(LoopsMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLossMixin, LogProbRolesMixin,
-                 RewardMixin, RefusalsMixin, ProbeMixin, FrameworksMixin, ReportMixin, RecognizerBase):
+                 RewardMixin, RefusalsMixin, ProbeMixin, PolicyGradientMixin, FrameworksMixin, ReportMixin, RecognizerBase):
     def run(self) -> Analysis:
         a = self.a
         trainer_calls = [c for c, _ in self.calls if self.qn(c.func) & set(TRAINER_QNAMES)]
@@ -72,11 +75,8 @@ class Recognizer(LoopsMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLos
         self.loop_func = self.p.func_of(main_loop)
         trl = "trl_step" in self.reach(main_loop)
         if not trl and not self.ratio_clips():
-            a.refuse(
-                f"{self.loc(self.p.line(main_loop))}: the loop generates and updates the model but has no "
-                "clipped probability ratio (torch.clamp(ratio, 1 - eps, 1 + eps)): it is not a PPO/GRPO loop "
-                "that can be mapped with certainty; if it is REINFORCE-style, write the PPO objective with a "
-                "clipped ratio first")
+            # no ratio: an on-policy policy gradient (one optimizer step per rollout batch) is PPO at one epoch
+            self.check_on_policy()
         self.find_entry_point()
         if trl:
             self.extract_trl()
