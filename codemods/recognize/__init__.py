@@ -38,13 +38,14 @@ from .frameworks import FrameworksMixin
 from .kl import KLMixin
 from .logprob_roles import LogProbRolesMixin
 from .loops import LoopsMixin
+from .models import ModelsMixin
 from .report import ReportMixin
 from .reward import RewardMixin
 
 __all__ = ["Analysis", "Recognizer", "analyze"]
 
 
-class Recognizer(LoopsMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLossMixin, LogProbRolesMixin,
+class Recognizer(LoopsMixin, ModelsMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLossMixin, LogProbRolesMixin,
                  RewardMixin, FrameworksMixin, ReportMixin, RecognizerBase):
     def run(self) -> Analysis:
         a = self.a

@@ -48,6 +48,8 @@ class Analysis:
     removed_defs: list = field(default_factory=list)  # module-body indexes of definitions that held the loop
     defaults_used: dict = field(default_factory=dict)
     unmapped: list = field(default_factory=list)
+    # key -> {"flag", "from", "placeholder"}: the command line must supply it (no default in the script)
+    to_fill: dict = field(default_factory=dict)
 
     def refuse(self, reason: str) -> "Analysis":
         self.status = "refuse"

@@ -310,14 +310,7 @@ class ConfigSitesMixin:
             node = next(s for s in self.p.module.body if isinstance(s, cst.FunctionDef) and s.name.value == provider)
             self.emit("model.actor.args.model_provider", Known(f"{mod}:{provider}", self.p.line(node)))
         else:
-            name = a.config.pop("_model_name", None)
-            path = name or self._from_pretrained_path()
-            if path is not None:
-                self.emit("model.actor.args.model_name_or_path", Known(path[0], path[1]))
-                if not path[0].startswith(("/", ".")):
-                    a.warn(f"model.actor.args.model_name_or_path={path[0]!r} looks like a Hub id; MegatronTrainer "
-                           "expects a local Hugging Face directory, download it first")
-            else:
+            if not self.emit_actor_model():  # models.py: the actor's name, a hub id or a flag to fill
                 a.refuse(f"{self.loc(self.p.line(self.main_loop))}: no model_provider() function and no static "
                          "model path (from_pretrained('<local dir>')) were found: the model is built inline; move "
                          "its construction into a top-level model_provider(pre_process=True, post_process=True) "
