@@ -903,9 +903,14 @@ class Program:
         if len(parsers) != 1 or not isinstance(parsers[0], cst.Call) or not parsers[0].args:
             return None
         classes = parsers[0].args[0].value
-        if not isinstance(classes, (cst.Tuple, cst.List)) or index >= len(classes.elements):
+        if not isinstance(classes, (cst.Tuple, cst.List)):
+            if index != 0:
+                return None
+            cls = classes  # HfArgumentParser(ScriptArguments): one dataclass
+        elif index >= len(classes.elements):
             return None
-        cls = classes.elements[index].value
+        else:
+            cls = classes.elements[index].value
         line = self.line(call)
         if isinstance(cls, cst.Name) and cls.value in self.classes and _is_dataclass(self, self.classes[cls.value]):
             return Known(self.dataclass_record(self.classes[cls.value], None, None), line)

@@ -202,25 +202,24 @@ class FrameworksMixin:
         put("algorithm.ppo_epochs", "ppo_epochs")
         put("algorithm.gamma", "gamma")
         put("algorithm.lam", "lam")
-        put("data.rollout_batch_size", "batch_size")
+        # TRL's batch_size and mini_batch_size count samples PER PROCESS (accelerate): the global rollout
+        # batch is batch_size * the number of processes, known only at launch. Never a global value here.
+        bs, bs_default = val("batch_size")
         mini, mini_default = val("mini_batch_size")
         gas, gas_default = val("gradient_accumulation_steps")
         mini_v = mini if mini_default else (mini.value if isinstance(mini, Known) else None)
         gas_v = gas if gas_default else (gas.value if isinstance(gas, Known) else None)
-        if isinstance(mini_v, int) and isinstance(gas_v, int):
-            where = mini.line if not mini_default else (gas.line if not gas_default else None)
-            if where is None:
-                self.emit_default("algorithm.mini_batch_size", mini_v * gas_v,
-                                  f"{src}: mini_batch_size={mini_v} * gradient_accumulation_steps={gas_v}")
-                self.emit_default("algorithm.micro_batch_size", mini_v, f"{src}: mini_batch_size={mini_v}")
+        bs_v = bs if bs_default else (bs.value if isinstance(bs, Known) else None)
+        a.warn(f"{self.loc(cfg.line)}: TRL's PPOConfig batch_size={bs_v!r}, mini_batch_size={mini_v!r} and "
+               f"gradient_accumulation_steps={gas_v!r} count samples per process; the global rollout batch "
+               "(batch_size x processes) and mini-batch (mini_batch_size x gradient_accumulation_steps x processes) "
+               "depend on the launch, so data.rollout_batch_size and algorithm.mini_batch_size are left out: set "
+               "them for the number of processes you train with")
+        if isinstance(mini_v, int):
+            if mini_default:
+                self.emit_default("algorithm.micro_batch_size", mini_v, f"{src}: mini_batch_size={mini_v} (per process)")
             else:
-                self.emit("algorithm.mini_batch_size", Known(mini_v * gas_v, where), "mini_batch_size")
-                if mini_default:
-                    self.emit_default("algorithm.micro_batch_size", mini_v, f"{src}: mini_batch_size={mini_v}")
-                else:
-                    self.emit("algorithm.micro_batch_size", Known(mini_v, mini.line), "mini_batch_size")
-        else:
-            self.emit("algorithm.mini_batch_size", mini if not mini_default else None, "mini_batch_size")
+                self.emit("algorithm.micro_batch_size", Known(mini_v, mini.line), "mini_batch_size")
         if trainer_call is not None and _kwarg(trainer_call, "optimizer") is not None:
             pass  # the optimizer handed to PPOTrainer carries the learning rate (extract_optimizers)
         else:
