@@ -237,6 +237,9 @@ class Program:
         self._index(self.module.body, None, None, self.module_assigns)
         self._calls_by_callee: Optional[dict[str, list]] = None
         self._args_record: Optional[Record] = None
+        # record kind -> fn(program, record, field, line) -> Ev: fields a framework's config object
+        # computes from the others (TRL's PPOConfig.total_ppo_epochs), set by the recogniser
+        self.derived_fields: dict = {}
         self._stack: set = set()
         self._value_uses: Optional[set] = None
         self.modules: list[cst.Module] = [self.module]
@@ -1079,6 +1082,10 @@ class Program:
                        f"{hits[0][2]})", hits[0][2])
 
     def record_field(self, rec: Record, name: str, line: int) -> Ev:
+        if name not in rec.fields and rec.kind in self.derived_fields:
+            got = self.derived_fields[rec.kind](self, rec, name, line)
+            if got is not None:
+                return got
         if name not in rec.fields:
             if rec.missing == "runtime":
                 return Runtime(f"args.{name} is not given a default in this file; it comes from the command line", line)

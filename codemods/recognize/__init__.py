@@ -39,13 +39,14 @@ from .kl import KLMixin
 from .logprob_roles import LogProbRolesMixin
 from .loops import LoopsMixin
 from .models import ModelsMixin
+from .prompts import PromptsMixin
 from .report import ReportMixin
 from .reward import RewardMixin
 
 __all__ = ["Analysis", "Recognizer", "analyze"]
 
 
-class Recognizer(LoopsMixin, ModelsMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLossMixin, LogProbRolesMixin,
+class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLossMixin, LogProbRolesMixin,
                  RewardMixin, FrameworksMixin, ReportMixin, RecognizerBase):
     def run(self) -> Analysis:
         a = self.a
@@ -92,6 +93,7 @@ class Recognizer(LoopsMixin, ModelsMixin, ConfigSitesMixin, KLMixin, AdvantagesM
         if not trl:
             self.extract_rollout()
         self.extract_parallel()
+        self.extract_prompt_length()
         self.extract_save()
         self.extract_hooks(trl)
         self.extract_reward()

@@ -180,6 +180,7 @@ class FrameworksMixin:
             return
         self.framework_records.append(("PPOConfig", cfg))
         src = TRL_LEGACY_SOURCE
+        self.p.derived_fields[cfg.kind] = _trl_derived
 
         def val(k):
             if k in cfg.fields:
@@ -288,11 +289,35 @@ class FrameworksMixin:
         loop = self.main_loop
         inner = any(isinstance(n, (cst.For, cst.While)) and "trl_step" in self.reach(n)
                     for n in walk(loop.body) if n is not loop)
-        if inner or not (isinstance(loop, cst.For) and isinstance(loop.iter, cst.Call) and _last(loop.iter.func) == "range"):
+        cap = None if inner else self.step_cap(loop, self.loop_func)
+        if cap is not None:
+            self.emit("trainer.total_steps", cap, "the step limit")
+            self.a.warn(f"{self.loc(self.p.line(loop))}: the loop stops after trainer.total_steps={cap.value} steps "
+                        "(`break`), or earlier when the data runs out")
+        elif inner or not (isinstance(loop, cst.For) and isinstance(loop.iter, cst.Call) and _last(loop.iter.func) == "range"):
             a.warn(f"{self.loc(self.p.line(loop))}: trainer.total_steps is left out: the number of steps depends "
                    "on the size of the dataset")
         else:
             self.emit("trainer.total_steps", self.loop_count(loop, self.loop_func), "the number of training steps")
+
+
+def _trl_derived(prog, rec: Record, name: str, line: int):
+    """Fields the legacy PPOConfig computes in ``__post_init__`` (trl/trainer/ppo_config.py):
+    ``total_ppo_epochs = int(np.ceil(steps / batch_size))``, ``backward_batch_size``."""
+    import math
+
+    def get(k):
+        if k in rec.fields:
+            v = prog.record_field(rec, k, line)
+            return v.value if isinstance(v, Known) else v
+        return TRL_LEGACY_PPO_DEFAULTS[k]
+
+    if name == "total_ppo_epochs":
+        steps, bs = get("steps"), get("batch_size")
+        if isinstance(steps, int) and isinstance(bs, int) and bs > 0:
+            return Known(int(math.ceil(steps / bs)), line)
+        return steps if isinstance(steps, Runtime) else (bs if isinstance(bs, Runtime) else None)
+    return None
 
 
 # huggingface/trl, trl/trainer/ppo_config.py at commit 008c2a6a (the legacy PPOConfig dataclass that
