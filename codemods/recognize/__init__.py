@@ -15,6 +15,10 @@ the actor learning rate, and so on. One concern per module, each a mixin of :cla
 ``clip_loss``      the clipped ratio, value clip and loss coefficients
 ``logprob_roles``  which model produced a log-prob tensor: the frozen reference or the policy
 ``reward``         the reward function
+``probe``          the advantage estimator identified by running its extracted block on synthetic
+                   rewards in a sandboxed subprocess (fallback: the static recognisers)
+``refusals``       blockers named as such: Ray trainer actors, DPO-style preference losses, multi-turn
+                   tool-use episodes, replay buffers across steps, a greedy-decoding baseline
 ``frameworks``     TRL's legacy ``PPOTrainer.step`` loop with its version's defaults, framework
                    entry points that own the loop, gym environments (not an LLM loop)
 ``report``         the canonical keys left at defaults and the hyperparameters with no mapping
@@ -41,13 +45,16 @@ from .loops import LoopsMixin
 from .models import ModelsMixin
 from .prompts import PromptsMixin
 from .report import ReportMixin
+from .probe import ProbeMixin
+from .refusals import RefusalsMixin
 from .reward import RewardMixin
 
 __all__ = ["Analysis", "Recognizer", "analyze"]
 
 
-class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLossMixin, LogProbRolesMixin,
-                 RewardMixin, FrameworksMixin, ReportMixin, RecognizerBase):
+class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLossMixin,
+                 LogProbRolesMixin, RewardMixin, RefusalsMixin, ProbeMixin, FrameworksMixin, ReportMixin,
+                 RecognizerBase):
     def run(self) -> Analysis:
         a = self.a
         trainer_calls = [c for c, _ in self.calls if self.qn(c.func) & set(TRAINER_QNAMES)]
@@ -59,6 +66,8 @@ class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ConfigSitesMixin, KLMixi
             a.status = "unchanged"
             return a
         if self.refuse_non_llm():
+            return a
+        if self.refuse_blockers(main_loop):
             return a
         if main_loop is None:
             return self.refuse_no_loop()

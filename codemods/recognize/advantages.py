@@ -38,7 +38,12 @@ class AdvantagesMixin:
                 a.refuse(f"{self.loc(group[1])}: the loop both group-normalises rewards and trains a critic "
                          f"({self.loc(gae[2] if gae else value_loss)}); cannot map it to one advantage estimator "
                          "with certainty; keep either the critic (PPO/GAE) or the group normalisation (GRPO)")
+        elif self._probed_estimator():
+            pass
         else:
+            note = getattr(self, "probe_note", None)
+            if note:
+                a.warn(f"advantages: the static recognisers decided alone ({note})")
             a.refuse(f"{self.loc(self.p.line(self.main_loop))}: cannot tell how advantages are computed (no GAE "
                      "recursion with a critic and no group-normalised rewards were found); compute them in the "
                      "script as `last = delta + gamma * lam * last` (PPO) or as rewards.view(-1, G) normalised by "
@@ -50,6 +55,25 @@ class AdvantagesMixin:
                 self.emit("algorithm.whiten_advantages", Known(True, w))
             else:
                 self.emit("algorithm.whiten_advantages", Known(False, self.p.line(self.main_loop)))
+
+    def _probed_estimator(self) -> bool:
+        """The estimator identified by running its block (recognize/probe.py); True when one was emitted."""
+        found = self.probe_advantages()
+        if found is None:
+            return False
+        name, std, line, detail = found
+        self.emit("algorithm.name", Known(name, line))
+        if name == "grpo":
+            self.emit("algorithm.norm_adv_by_std", Known(bool(std), line))
+        self.a.warn(f"advantages: identified by running the block at {self.loc(line)} on synthetic rewards in a "
+                    f"sandbox: {detail} ({name}{'' if name != 'grpo' else ', norm_adv_by_std ' + str(bool(std))})")
+        g = self._group_in(self.main_loop)
+        if g is not None:
+            self.emit("algorithm.group_size", self.p.ev(g[0], g[1]), "the group size")
+        else:
+            self.a.warn("algorithm.group_size is left out: the number of responses per prompt was not found "
+                        "as a static value")
+        return True
 
     def find_gae(self):
         """(gamma Ev, lam Ev | None, line) from ``last = delta + g * l * [mask *] last`` and

@@ -175,6 +175,14 @@ EXPECT = {
     "nemo_aligner_fit": ("refused", {}, {}, ["NeMo-Aligner", "PPOTrainer.fit()"], []),
     "atari_ppo": ("refused", {}, {}, ["not an LLM loop", "gymnasium"], []),
     "sft_helper_names": ("refused", {}, {}, ["no PPO/GRPO training loop found"], []),
+    # refusals that name the real blocker (issue 23), not a symptom such as "no clipped ratio"
+    "tool_episodes_masks": ("refused", {}, {}, ["multi-turn tool-use episodes", "TextEnvironment",
+                                                "tool_episodes_masks.py:14"], []),
+    "replay_offpolicy": ("refused", {}, {}, ["off-policy training from a replay buffer", "`pool`",
+                                             "replay_offpolicy.py:40"], []),
+    "ray_actor_update": ("refused", {}, {}, ["Ray actor Learner", "ray_actor_update.py:7"], []),
+    "pairwise_preference": ("refused", {}, {}, ["offline preference loss", "pairwise_preference.py:22"], []),
+    "argmax_baseline": ("refused", {}, {}, ["greedy baseline", "`anchor`", "argmax_baseline.py:16"], []),
 }
 
 
