@@ -44,6 +44,8 @@ from .frameworks import FrameworksMixin
 from .kl import KLMixin
 from .logprob_roles import LogProbRolesMixin
 from .loops import LoopsMixin
+from .models import ModelsMixin
+from .prompts import PromptsMixin
 from .report import ReportMixin
 from .policy_gradient import PolicyGradientMixin
 from .probe import ProbeMixin
@@ -53,8 +55,9 @@ from .reward import RewardMixin
 __all__ = ["Analysis", "Recognizer", "analyze"]
 
 
-class Recognizer(LoopsMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLossMixin, LogProbRolesMixin,
-                 RewardMixin, RefusalsMixin, ProbeMixin, PolicyGradientMixin, FrameworksMixin, ReportMixin, RecognizerBase):
+class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLossMixin,
+                 LogProbRolesMixin, RewardMixin, RefusalsMixin, ProbeMixin, PolicyGradientMixin, FrameworksMixin,
+                 ReportMixin, RecognizerBase):
     def run(self) -> Analysis:
         a = self.a
         trainer_calls = [c for c, _ in self.calls if self.qn(c.func) & set(TRAINER_QNAMES)]
@@ -99,6 +102,7 @@ class Recognizer(LoopsMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLos
         if not trl:
             self.extract_rollout()
         self.extract_parallel()
+        self.extract_prompt_length()
         self.extract_save()
         self.extract_hooks(trl)
         self.extract_reward()

@@ -48,6 +48,8 @@ class Analysis:
     removed_defs: list = field(default_factory=list)  # module-body indexes of definitions that held the loop
     defaults_used: dict = field(default_factory=dict)
     unmapped: list = field(default_factory=list)
+    # key -> {"flag", "from", "placeholder"}: the command line must supply it (no default in the script)
+    to_fill: dict = field(default_factory=dict)
 
     def refuse(self, reason: str) -> "Analysis":
         self.status = "refuse"
@@ -158,6 +160,11 @@ class RecognizerBase:
                 return
             if isinstance(ev.value, Record):
                 return
+            if ev.value is None and _none_not_allowed(key):
+                # ``save_freq: Optional[int] = None`` (no checkpoints): the key keeps verl-bridge's default
+                self.a.warn(f"{key} is left out: the script's value is None ({self.loc(ev.line)}), which "
+                            "switches the feature off there; verl-bridge's default applies")
+                return
             self.a.config.setdefault(key, ev.value)
             self.a.provenance.setdefault(key, self.loc(ev.line))
         elif isinstance(ev, Runtime):
@@ -168,6 +175,15 @@ class RecognizerBase:
 
 
 _MISSING = object()
+
+
+def _none_not_allowed(key: str) -> bool:
+    """The config contract has a non-None default for *key* (so None is not a value it takes)."""
+    try:
+        from .report import schema_default
+        return schema_default(key) is not None
+    except AttributeError:
+        return False
 
 
 def _factors(node) -> list:

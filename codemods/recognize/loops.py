@@ -176,6 +176,38 @@ class LoopsMixin:
         if not epochs_set:
             self.emit("algorithm.ppo_epochs", Known(1, self.p.line(loop)))
 
+    def step_cap(self, loop, scope):
+        """``for step, batch in enumerate(loader): if step >= n: break`` as the loop's first statement:
+        at most n steps (``>``: n + 1). None when there is no such cap."""
+        if not (isinstance(loop, cst.For) and isinstance(loop.iter, cst.Call)):
+            return None
+        it = loop.iter
+        if _last(it.func) in ("tqdm",) and it.args and isinstance(it.args[0].value, cst.Call):
+            it = it.args[0].value
+        if _last(it.func) != "enumerate" or len(it.args) != 1 or not isinstance(loop.target, cst.Tuple) or \
+                not isinstance(loop.target.elements[0].value, cst.Name):
+            return None
+        counter = loop.target.elements[0].value.value
+        body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else []
+        if not body or not isinstance(body[0], cst.If) or body[0].orelse is not None:
+            return None
+        test, inner = body[0].test, body[0].body.body
+        if not (len(inner) == 1 and isinstance(inner[0], cst.SimpleStatementLine)
+                and isinstance(inner[0].body[0], cst.Break)):
+            return None
+        if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and isinstance(test.left, cst.Name)
+                and test.left.value == counter):
+            return None
+        op = test.comparisons[0].operator
+        n = self.p.ev(test.comparisons[0].comparator, scope)
+        if not (isinstance(n, Known) and isinstance(n.value, int) and not isinstance(n.value, bool)):
+            return n if isinstance(n, Runtime) else None
+        if isinstance(op, cst.GreaterThanEqual):
+            return n
+        if isinstance(op, cst.GreaterThan):
+            return Known(n.value + 1, n.line)
+        return None
+
     def loop_count(self, loop, scope):
         if isinstance(loop, cst.For):
             it = loop.iter

@@ -55,7 +55,7 @@ def test_refused_and_error_untouched(tmp_path, capsys):
     rc, out = _run(["--write", "--report", "json", str(refused)], capsys)
     assert rc == 1
     rep = json.loads(out)["files"][0]
-    assert set(rep) == {"path", "status", "reasons", "warnings", "config", "provenance", "defaults_used", "unmapped"}
+    assert set(rep) == {"path", "status", "reasons", "warnings", "config", "provenance", "defaults_used", "unmapped", "to_fill"}
     assert rep["status"] == "refused" and rep["reasons"]
     rc, out = _run(["--write", "--report", "json", str(refused), str(broken)], capsys)
     assert rc == 2

@@ -46,10 +46,11 @@ EXPECT = {
     "trl_dict_config": ("migrated", {
         "algorithm.kl.coef": 0.2, "algorithm.kl.target": 6, "algorithm.kl.horizon": 10000,
         "algorithm.clip_ratio": 0.2, "algorithm.value_clip": 0.2, "algorithm.vf_coef": 0.1,
-        "algorithm.ppo_epochs": 4, "algorithm.mini_batch_size": 16, "data.rollout_batch_size": 256,
-        "optim.actor.lr": 1.41e-5, "model.actor.args.model_name_or_path": "models/gpt2-imdb",
+        "algorithm.ppo_epochs": 4, "optim.actor.lr": 1.41e-5, "model.actor.args.model_name_or_path": "models/gpt2-imdb",
         "model.reward.args.path": "trl_dict_config:reward_fn"},
-        {"algorithm.kl.coef": 8}, [], ["total_steps is left out"]),
+        {"algorithm.kl.coef": 8}, [], ["total_steps is left out", "count samples per process"],
+        # TRL's batch_size / mini_batch_size are per process: the global sizes depend on the launch
+        {"absent": ["data.rollout_batch_size", "algorithm.mini_batch_size"]}),
     "trl_pipeline_reward": ("migrated", {
         "algorithm.kl.coef": 0.05, "algorithm.clip_ratio": 0.1, "trainer.total_steps": 100},
         {}, [], ["reward", "TODO"]),
@@ -94,7 +95,7 @@ EXPECT = {
         "algorithm.ppo_epochs": 4, "algorithm.kl.coef": 0.2, "algorithm.kl.target": 6,
         "algorithm.kl.horizon": 10000, "algorithm.vf_coef": 0.1, "algorithm.lam": 0.95, "algorithm.gamma": 1,
         "algorithm.clip_ratio": 0.2, "algorithm.value_clip": 0.2, "optim.actor.lr": 1.41e-5,
-        "data.max_response_length": 15, "rollout.top_p": 1.0, "algorithm.mini_batch_size": 1,
+        "data.max_response_length": 15, "rollout.top_p": 1.0,
         "algorithm.micro_batch_size": 1, "model.actor.args.model_name_or_path": "./models/gpt2-imdb"},
         {"optim.actor.lr": 8, "data.max_response_length": 22},
         [], ["LengthSampler(4, 16)", "save_pretrained", "TODO"],
@@ -110,8 +111,8 @@ EXPECT = {
          "unmapped": ["ScriptArguments.reward_threshold=0.5", "ScriptArguments.max_prompt_tokens=64"]}),
     # trainer-class method loop, self.ppo_trainer, gradient accumulation, adap_kl_ctrl=False
     "trl_runner_class": ("migrated", {
-        "algorithm.ppo_epochs": 2, "algorithm.mini_batch_size": 16, "algorithm.micro_batch_size": 8,
-        "data.rollout_batch_size": 64, "algorithm.kl.coef": 0.1, "optim.actor.lr": 5e-6,
+        "algorithm.ppo_epochs": 2, "algorithm.micro_batch_size": 8,
+        "algorithm.kl.coef": 0.1, "optim.actor.lr": 5e-6,
         "data.max_response_length": 48, "model.actor.args.model_name_or_path": "./models/opt-350m-sft"},
         {"algorithm.kl.coef": 14, "model.actor.args.model_name_or_path": 31}, [], [],
         {"absent": ["algorithm.kl.target"], "block": "main"}),
@@ -167,7 +168,7 @@ EXPECT = {
     # TRL example generating per query; the length sampler is called per query into generation_kwargs
     "trl_per_query_sampler": ("migrated", {
         "data.max_response_length": 32, "algorithm.kl.coef": 0.1, "algorithm.kl.horizon": 5000,
-        "algorithm.kl.target": 6, "algorithm.mini_batch_size": 8, "data.rollout_batch_size": 32,
+        "algorithm.kl.target": 6,
         "model.reward.args.path": "trl_per_query_sampler:positivity"},
         {"data.max_response_length": 20, "algorithm.kl.horizon": 14}, [], ["LengthSampler(8, 33)"],
         {"defaults": {"algorithm.kl.target": "target=6", "algorithm.ppo_epochs": "ppo_epochs=4"}}),

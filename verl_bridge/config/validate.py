@@ -8,6 +8,7 @@ It never imports torch and never starts a process group.
 from __future__ import annotations
 
 import importlib.util
+import re
 import os
 import sys
 
@@ -61,11 +62,20 @@ def _check_hook(problems, key, spec, source_dir, check_paths):
         problems.append(f"{key}={spec!r}: module '{module}' not found{where}")
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def looks_like_hub_id(path: str) -> bool:
+    """``owner/name`` (``Qwen/Qwen2.5-0.5B``) that is not a local directory: a Hugging Face Hub id,
+    which the trainer resolves (``verl-bridge migrate`` writes the scripts' hub ids as they are)."""
+    return bool(_HUB_ID.fullmatch(path)) and ".." not in path
+
+
 def _check_dir(problems, key, path, source_dir, check_paths):
     if path is None or not check_paths:
         return
     full = path if os.path.isabs(path) else os.path.join(source_dir or os.getcwd(), path)
-    if not os.path.isdir(full) and not os.path.isdir(path):
+    if not os.path.isdir(full) and not os.path.isdir(path) and not looks_like_hub_id(path):
         problems.append(
             f"{key}={path!r}: directory not found; expected a local Hugging Face model directory "
             "(verl-bridge never downloads from a hub)"
