@@ -44,6 +44,7 @@ from .logprob_roles import LogProbRolesMixin
 from .loops import LoopsMixin
 from .models import ModelsMixin
 from .prompts import PromptsMixin
+from .values import ValuesMixin
 from .report import ReportMixin
 from .probe import ProbeMixin
 from .refusals import RefusalsMixin
@@ -52,7 +53,7 @@ from .reward import RewardMixin
 __all__ = ["Analysis", "Recognizer", "analyze"]
 
 
-class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLossMixin,
+class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLossMixin,
                  LogProbRolesMixin, RewardMixin, RefusalsMixin, ProbeMixin, FrameworksMixin, ReportMixin,
                  RecognizerBase):
     def run(self) -> Analysis:
