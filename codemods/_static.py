@@ -762,6 +762,28 @@ class Program:
             return None
         if isinstance(node, cst.Attribute):
             return self.ev_attr(node, scope)
+        if isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
+            # ``args.optimizer == "adam"``: a branch the defaults decide
+            left, right = self.ev(node.left, scope), self.ev(node.comparisons[0].comparator, scope)
+            if isinstance(left, Runtime):
+                return left
+            if isinstance(right, Runtime):
+                return right
+            if isinstance(left, Known) and isinstance(right, Known) and not isinstance(left.value, Record) \
+                    and not isinstance(right.value, Record):
+                op, x, y = node.comparisons[0].operator, left.value, right.value
+                try:
+                    if isinstance(op, cst.Equal):
+                        return Known(x == y, line)
+                    if isinstance(op, cst.NotEqual):
+                        return Known(x != y, line)
+                    if isinstance(op, cst.Is) and (x is None or y is None or isinstance(x, bool)):
+                        return Known(x is y, line)
+                    if isinstance(op, cst.IsNot) and (x is None or y is None or isinstance(x, bool)):
+                        return Known(x is not y, line)
+                except Exception:  # noqa: BLE001 - a comparison we cannot decide is not a value
+                    return None
+            return None
         if isinstance(node, cst.Subscript):
             if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
                 base_d = dotted(node.value)

@@ -46,6 +46,7 @@ from .logprob_roles import LogProbRolesMixin
 from .loops import LoopsMixin
 from .models import ModelsMixin
 from .prompts import PromptsMixin
+from .values import ValuesMixin
 from .report import ReportMixin
 from .policy_gradient import PolicyGradientMixin
 from .probe import ProbeMixin
@@ -55,9 +56,9 @@ from .reward import RewardMixin
 __all__ = ["Analysis", "Recognizer", "analyze"]
 
 
-class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLossMixin,
-                 LogProbRolesMixin, RewardMixin, RefusalsMixin, ProbeMixin, PolicyGradientMixin, FrameworksMixin,
-                 ReportMixin, RecognizerBase):
+class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin,
+                 ClipLossMixin, LogProbRolesMixin, RewardMixin, RefusalsMixin, ProbeMixin, PolicyGradientMixin,
+                 FrameworksMixin, ReportMixin, RecognizerBase):
     def run(self) -> Analysis:
         a = self.a
         trainer_calls = [c for c, _ in self.calls if self.qn(c.func) & set(TRAINER_QNAMES)]

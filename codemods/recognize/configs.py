@@ -46,6 +46,15 @@ class ConfigSitesMixin:
                  "max_new_tokens": "data.max_response_length", "max_response_length": "data.max_response_length",
                  "response_length": "data.max_response_length", "max_gen_len": "data.max_response_length"}
         kws = self.call_kwargs(call, scope)
+        for arg in call.args:
+            # generate(model, queries, tokenizer, generation_config) / generate(..., generation_config=gc)
+            # with gc = GenerationConfig(max_new_tokens=..., temperature=...): its fields are the kwargs
+            if arg.star or not isinstance(arg.value, (cst.Name, cst.Attribute, cst.Call)):
+                continue
+            rec = self.p.ev_record(arg.value, scope)
+            if rec is not None and rec.kind == "call:GenerationConfig":
+                for k, v in rec.fields.items():
+                    kws.setdefault(k, v)
         for kw, key in names.items():
             if kw in kws and key == "data.max_response_length" and self._sampler_call(kws[kw]):
                 self.length_sampler(self._sampler_call(kws[kw]), call)
@@ -131,8 +140,16 @@ class ConfigSitesMixin:
         for call, scope in self.calls:
             last = _last(call.func) or ""
             qs = self.qn(call.func)
+            sub_opt = self.local_optimizer_base(call)  # values.py: class MyAdam(torch.optim.Adam)
+            if sub_opt is not None and not self.statically_dead(call, scope):
+                a.warn(f"{self.loc(self.p.line(call))}: the optimizer {last} is the script's own subclass of "
+                       f"{sub_opt[0]} (its own step()); MegatronTrainer uses its standard optimizer with the same "
+                       "lr / eps / weight decay")
+                last, qs = sub_opt
             is_opt = last in OPTIMIZERS and (any(q.startswith(("torch.optim", "apex", "deepspeed", "bitsandbytes", "transformers", "lion"))
                                                  for q in qs) or last in ("AdamW", "Adam", "FusedAdam"))
+            if is_opt and self.statically_dead(call, scope):
+                continue  # the branch the script's defaults never take (values.py)
             if is_opt:
                 params = _call_arg(call, 0, "params")
                 role = "critic" if params is not None and re.search(r"critic|value|vf", _code(params), re.I) else "actor"
@@ -146,6 +163,7 @@ class ConfigSitesMixin:
                     found_actor = True
                     self.check_lr_constants(lr, scope)
                     self.optimizer_defaults(call, scope, last, qs, wd)
+                    self.shared_value_head_lr(params, scope, lr)  # values.py
             elif last == "OptimizerConfig":
                 for kw, key in (("lr", "optim.actor.lr"), ("weight_decay", "optim.actor.weight_decay"),
                                 ("clip_grad", "optim.actor.clip_grad")):
@@ -188,6 +206,8 @@ class ConfigSitesMixin:
             found_actor = self.deepspeed_config()
         if not found_actor and not trl:
             a.warn("no optimizer construction was found; optim.actor.lr is left out")
+        if found_actor and not trl:
+            self.no_clipping_default()  # values.py
 
     # torch.optim's defaults (torch/optim/adam.py, adamw.py): what an optimizer built without the keyword uses
     TORCH_OPTIM_DEFAULTS = {"Adam": {"weight_decay": 0.0, "eps": 1e-8, "betas": [0.9, 0.999]},

@@ -165,14 +165,18 @@ class LoopsMixin:
             # on-policy PG: loops around backward() accumulate gradients of one step (policy_gradient.py)
             return
         epochs_set = False
+        mini_seen = False
         for kind, node, sc in path:
             if kind == "range1" and not epochs_set:
                 self.emit("algorithm.ppo_epochs", self.p.ev(node, sc), "the number of PPO epochs")
                 epochs_set = True
-            elif kind == "range3":
+            elif kind in ("range3", "split") and not mini_seen:
                 self.emit("algorithm.mini_batch_size", self.p.ev(node, sc), "the minibatch size")
-            elif kind == "split":
-                self.emit("algorithm.mini_batch_size", self.p.ev(node, sc), "the minibatch size")
+                mini_seen = True
+            elif kind in ("range3", "split"):
+                # a strided loop inside the minibatch loop slices it into micro-batches (gradient
+                # accumulation): its step is the micro-batch size, never the minibatch size
+                self.emit("algorithm.micro_batch_size", self.p.ev(node, sc), "the micro-batch size")
         if not epochs_set:
             self.emit("algorithm.ppo_epochs", Known(1, self.p.line(loop)))
 

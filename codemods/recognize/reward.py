@@ -62,6 +62,16 @@ class RewardMixin:
             fns = {q: v for q, v in fns.items() if q not in called}
         if len(fns) == 1 and not inner:
             f, n = next(iter(fns.values()))
+            model_param = next((p for p in f.params if re.search(r"(^|_)(model|backbone|rm|critic|classifier|"
+                                                                  r"reward_model|scorer|pipe|pipeline)($|_)", p, re.I)),
+                               None)
+            if model_param is not None:
+                # get_reward(model, query_responses, tokenizer): a reward MODEL's forward, not a function of text
+                a.warn(f"the reward helper {f.name}() ({self.loc(self.p.line(f.node))}) takes a model "
+                       f"({model_param}): it is a reward model, not a reward function; model.reward.args.path is "
+                       "left out. If it is a Hugging Face sequence classifier, set model.reward: {type: model, args: "
+                       "{model_name_or_path: <dir>}}; otherwise write reward_fn(response_text, ground_truth) -> float")
+                return
             self.emit("model.reward.type", Known("function", self.p.line(f.node)))
             self.emit("model.reward.args.path", Known(f"{self.module_name}:{f.name}", self.p.line(f.node)))
             nparams = len([p for p in f.params.values() if p[1].star not in ("*", "**") and p[1].default is None])

@@ -1,0 +1,90 @@
+"""Where a value comes from when the code around it decides: branches the script's own defaults
+settle (``if args.optimizer == "adam": Adam(...) else: AdamW(...)`` with ``optimizer = "adamw"``)."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from .._static import Known
+
+
+CLIPPING_RE = re.compile(r"clip_grad_norm|clip_grad_value|max_grad_norm|gradient_clipping|grad_clip|clip_grad|"
+                         r"clip_norm|max_norm")
+VALUE_HEAD_RE = re.compile(r"critic|value|ScalarHead|ValueHead|vf_head|v_head", re.I)
+
+
+class ValuesMixin:
+    def no_clipping_default(self) -> None:
+        """No gradient clipping anywhere in the script or its local modules: ``optim.actor.clip_grad``
+        is 0 (off), named as the script's choice, not left to verl-bridge's default of 1.0."""
+        if "optim.actor.clip_grad" in self.a.config:
+            return
+        # Megatron-LM's optimizer clips at --clip-grad (default 1.0) and DeepSpeed / other engines take
+        # it from their own configs: only a plain torch optimizer loop is known not to clip
+        if any(q.split(".")[0] in ("megatron", "deepspeed", "apex", "nemo", "colossalai", "lightning",
+                                   "pytorch_lightning") for q in self.p.imports.values()):
+            return
+        for mod in self.p.modules:
+            if CLIPPING_RE.search(mod.code):
+                return
+        self.emit_default("optim.actor.clip_grad", 0.0, "the script clips no gradients (no clip_grad_norm_, "
+                          "max_grad_norm or gradient_clipping anywhere): 0 = off")
+
+    def shared_value_head_lr(self, params, scope, lr_node) -> None:
+        """One optimizer over a model that carries the value head (``PolicyAndValueWrapper(policy,
+        critic)``, ``AutoModelForCausalLMWithScalarHead``): the critic trains at the actor's lr."""
+        if params is None or lr_node is None or "optim.critic.lr" in self.a.config:
+            return
+        base = params
+        while isinstance(base, (cst.Call, cst.Attribute)):
+            base = base.func if isinstance(base, cst.Call) else base.value
+        if not isinstance(base, cst.Name):
+            return
+        exprs = [e for e in self.p.assignments_of(base.value, scope) if e is not None]
+        if len(exprs) != 1 or not isinstance(exprs[0], cst.Call):
+            return
+        built = exprs[0]
+        text = cst.Module(body=[]).code_for_node(built.func) + " " + " ".join(
+            cst.Module(body=[]).code_for_node(x.value) for x in built.args)
+        if not VALUE_HEAD_RE.search(text):
+            return
+        lr = self.p.ev(lr_node, scope)
+        if isinstance(lr, Known):
+            self.emit("optim.critic.lr", lr, "the critic learning rate")
+            self.a.warn(f"{self.loc(self.p.line(built))}: one optimizer trains the policy and the value head "
+                        f"({base.value}); optim.critic.lr is the same lr. MegatronTrainer trains a separate critic, so "
+                        "the shared backbone is not shared any more")
+
+    def local_optimizer_base(self, call):
+        """``AdamTensorFlowStyle(params, lr=..., eps=...)`` where the script defines
+        ``class AdamTensorFlowStyle(optim.Adam)``: (base name, its qualified names), or None."""
+        from .base import OPTIMIZERS, _last
+
+        if not isinstance(call.func, cst.Name) or call.func.value not in self.p.classes:
+            return None
+        cdef = self.p.classes[call.func.value]
+        for b in cdef.bases:
+            name = _last(b.value) or ""
+            qs = self.qn(b.value)
+            if name in OPTIMIZERS and any(q.startswith("torch.optim") for q in qs):
+                return name, {f"torch.optim.{name}"}
+        return None
+
+    def statically_dead(self, node, scope) -> bool:
+        """*node* sits in a branch that the values the script runs with never take (the ``if`` test
+        evaluates to a proven False, or to True for the ``else``). Unknown tests are live."""
+        child = node
+        for anc in self.p.ancestors(node):
+            if isinstance(anc, cst.If):
+                test = self.p.ev(anc.test, scope)
+                if isinstance(test, Known) and isinstance(test.value, bool):
+                    in_body = child is anc.body
+                    in_else = anc.orelse is not None and child is anc.orelse
+                    if (in_body and test.value is False) or (in_else and test.value is True):
+                        return True
+            if isinstance(anc, cst.FunctionDef):
+                return False
+            child = anc
+        return False
