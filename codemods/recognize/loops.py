@@ -70,8 +70,22 @@ class LoopsMixin:
         return isinstance(ev, Known) and bool(ev.value)
 
     def find_main_loop(self):
+        loop = self._find_main_loop(self.loops)
+        if loop is None and getattr(self, "module_loops", None):
+            # a loop in a method of a local module's class, reached from this script's top level
+            loop = self._find_main_loop(self.module_loops)
+            if loop is not None:
+                func = self.p.func_of(loop)
+                if func is None or not any(self._stmt_reaches(st, {func.node}) for st in self.p.module.body
+                                           if not isinstance(st, (cst.FunctionDef, cst.ClassDef))) and \
+                        not any(self._stmt_reaches(st, {func.node}) for st in self.p.module.body
+                                if isinstance(st, cst.FunctionDef)):
+                    return None
+        return loop
+
+    def _find_main_loop(self, loops):
         cands = []
-        for loop in self.loops:
+        for loop in loops:
             tags = self.reach(loop)
             if ("gen" in tags and "backward" in tags) or "trl_step" in tags:
                 cands.append(loop)
@@ -435,7 +449,9 @@ def _is_literal(node) -> bool:
 
 
 def _loads(stmt) -> set:
-    return {n.value for n in walk(stmt) if isinstance(n, cst.Name)}
+    # an import reads no variable of the file (`from learner import X` does not need a variable `learner`)
+    skip = {id(x) for n in walk(stmt) if isinstance(n, (cst.Import, cst.ImportFrom)) for x in walk(n)}
+    return {n.value for n in walk(stmt) if isinstance(n, cst.Name) and id(n) not in skip}
 
 
 def _binds(stmt) -> set:
