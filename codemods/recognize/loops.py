@@ -184,6 +184,15 @@ class LoopsMixin:
             if kind == "range1" and not epochs_set:
                 self.emit("algorithm.ppo_epochs", self.p.ev(node, sc), "the number of PPO epochs")
                 epochs_set = True
+            elif kind in ("range3", "split") and not mini_seen and not self._steps_every_iteration(node):
+                # backward() in every iteration but the optimizer steps only under a condition
+                # (`if n % k == 0: optimizer.step()`) or after the loop: gradient accumulation over
+                # micro-batches; the minibatch is several of them (left out unless proven)
+                self.emit("algorithm.micro_batch_size", self.p.ev(node, sc), "the micro-batch size")
+                mini_seen = True
+                self.a.warn(f"{self.loc(self.p.line(node))}: the optimizer does not step in every iteration of this "
+                            "loop (gradient accumulation): its stride is the micro-batch size; "
+                            "algorithm.mini_batch_size is left out")
             elif kind in ("range3", "split") and not mini_seen:
                 self.emit("algorithm.mini_batch_size", self.p.ev(node, sc), "the minibatch size")
                 mini_seen = True
@@ -193,6 +202,32 @@ class LoopsMixin:
                 self.emit("algorithm.micro_batch_size", self.p.ev(node, sc), "the micro-batch size")
         if not epochs_set:
             self.emit("algorithm.ppo_epochs", Known(1, self.p.line(loop)))
+
+    def _steps_every_iteration(self, count_node) -> bool:
+        """Whether an optimizer ``.step()`` runs unconditionally in each iteration of the loop whose
+        count is *count_node* (directly or through a function it calls)."""
+        loop = next((a for a in self.p.ancestors(count_node) if isinstance(a, cst.For)), None)
+        if loop is None or not hasattr(self, "optimizer_steps"):
+            return True
+        for call, region in self.optimizer_steps(self.main_loop):
+            anchor = call
+            if not any(x is loop for x in self.p.ancestors(call)):
+                # a step in a function called from the loop: look at the call site instead
+                f = self.p.func_of(call)
+                sites = [c for c, _, _ in self.p.calls_by_callee().get(f.qual, [])] if f is not None else []
+                sites = [c for c in sites if any(x is loop for x in self.p.ancestors(c))]
+                if not sites:
+                    continue
+                anchor = sites[0]
+            guarded = False
+            for anc in self.p.ancestors(anchor):
+                if anc is loop:
+                    break
+                if isinstance(anc, (cst.If, cst.For, cst.While)):
+                    guarded = True
+            if not guarded:
+                return True
+        return False
 
     def step_cap(self, loop, scope):
         """``for step, batch in enumerate(loader): if step >= n: break`` as the loop's first statement:
