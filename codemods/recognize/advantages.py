@@ -261,8 +261,9 @@ class AdvantagesMixin:
                 code = _code(node.value).replace(" ", "")
                 if re.search(r"adv", t, re.I) and re.search(r"\.mean\(\)", code) and re.search(r"\.std\(\)", code):
                     return self.p.line(node)
-            if isinstance(node, cst.Call) and (_last(node.func) or "") in ("whiten", "masked_whiten"):
-                return self.p.line(node)
+            if isinstance(node, cst.Call) and (_last(node.func) or "") in ("whiten", "masked_whiten") and \
+                    not (node.args and re.search(r"reward|score", _code(node.args[0].value), re.I)):
+                return self.p.line(node)  # (whitening the rewards is not whitening the advantages)
             if isinstance(node, cst.Call) and any(re.search(r"adv", _code(a.value), re.I) for a in node.args):
                 # a helper of the program that returns (x - x.mean()) / (x.std() + eps), given advantages
                 t = self.p.resolve_callee(node, info)

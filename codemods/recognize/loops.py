@@ -223,7 +223,7 @@ class LoopsMixin:
             for anc in self.p.ancestors(anchor):
                 if anc is loop:
                     break
-                if isinstance(anc, (cst.If, cst.For, cst.While)):
+                if isinstance(anc, cst.If):
                     guarded = True
             if not guarded:
                 return True

@@ -88,6 +88,15 @@ EXPECT = {
         {"algorithm.group_size": 12, "optim.actor.lr": 12},
         [], ["learner.py:20"], {"provenance": {"algorithm.clip_ratio": "learner.py:6",
                                                "trainer.total_steps": "learner.py:6"}, "block": True}),
+    # PPO under the __main__ guard: GAE with a separate scalar-head critic, value-loss coefficient, a reward
+    # helper that runs a model it is handed (a reward model: no reward path), LoRA and reward whitening warned
+    "main_guard_critic_ppo": ("migrated", {
+        "algorithm.name": "ppo", "algorithm.gamma": 0.99, "algorithm.lam": 0.9, "algorithm.clip_ratio": 0.1,
+        "algorithm.vf_coef": 0.5, "algorithm.ppo_epochs": 2, "algorithm.whiten_advantages": True,
+        "optim.actor.lr": 5e-6, "optim.critic.lr": 2e-5, "trainer.total_steps": 600},
+        {"algorithm.gamma": 7, "algorithm.lam": 8, "algorithm.whiten_advantages": 39, "algorithm.vf_coef": 46},
+        [], ["judge() (main_guard_critic_ppo.py:11) takes a model (clf)", "rewards are whitened",
+             "LoRA/PEFT adapters"], {"absent": ["model.reward.args.path"], "block": True}),
     # leave-one-out baseline per prompt in a numpy loop, found by running the block; on-policy PG
     "onpolicy_loo_groups": ("migrated", {
         "algorithm.name": "rloo", "algorithm.ppo_epochs": 1, "algorithm.group_size": 6, "algorithm.kl.coef": 0.0,
