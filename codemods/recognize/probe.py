@@ -48,6 +48,19 @@ spec = json.loads(sys.stdin.read())
 if spec["torch"]:
     import torch
     import torch.nn.functional as F
+import builtins, io, os
+_real_open = builtins.open
+def _read_only_open(file, mode="r", *a, **k):
+    if any(c in str(mode) for c in "wax+"):
+        raise PermissionError("file writes are disabled in the verl-bridge probe")
+    return _real_open(file, mode, *a, **k)
+builtins.open = io.open = _read_only_open
+def _denied(*a, **k):
+    raise PermissionError("disabled in the verl-bridge probe")
+for _n in ("remove", "unlink", "rename", "replace", "rmdir", "removedirs", "mkdir", "makedirs", "truncate", "chmod",
+           "chown", "system", "popen", "kill", "fork", "execv", "execve", "symlink", "link", "utime"):
+    if hasattr(os, _n):
+        setattr(os, _n, _denied)
 class _NoNet(socket.socket):
     def __init__(self, *a, **k):
         raise OSError("network disabled in the verl-bridge probe")
@@ -504,6 +517,8 @@ def run_blocks(blocks: list, timeout: float = 60.0) -> Optional[list]:
 
     def limits():
         import resource
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), not the process
         resource.setrlimit(resource.RLIMIT_CPU, (int(timeout), int(timeout)))
         resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # no file can be written
         try:
