@@ -15,7 +15,43 @@ CLIPPING_RE = re.compile(r"clip_grad_norm|clip_grad_value|max_grad_norm|gradient
 VALUE_HEAD_RE = re.compile(r"critic|value|ScalarHead|ValueHead|vf_head|v_head", re.I)
 
 
+# a role whose value the recognisers infer from an expression's shape, and the names a script gives
+# the flag / field / constant that holds it
+ROLE_NAMES = {
+    "algorithm.lam": re.compile(r"(^|[._-])(lam|lmbda|lambd|lambda|gae_lambda|gae_lam|gae_lmbda)$", re.I),
+    "algorithm.gamma": re.compile(r"(^|[._-])(gamma|discount|gae_gamma|discount_factor)$", re.I),
+}
+
+
 class ValuesMixin:
+    def drop_role_conflicts(self) -> None:
+        """A GAE coefficient reported as certain while a flag / field / constant NAMED for that role,
+        with a different value, is not used (listed in ``unmapped``): the value came from the shape of
+        an expression (``ret = r + gamma * ret`` read as lambda 1), not from the role's own name. Both
+        are left out, the key goes to ``unmapped`` with its source, and a warning says why."""
+        a = self.a
+        for key, rx in ROLE_NAMES.items():
+            if key not in a.config or key in getattr(self, "framework_defaults", {}):
+                continue
+            mine = a.config[key]
+            for u in list(a.unmapped):
+                name, _, rest = u.partition("=")
+                val = rest.split(" (", 1)[0]
+                try:
+                    v = float(val)
+                except ValueError:
+                    continue
+                if not rx.search(name.lstrip("-").replace("-", "_")):
+                    continue
+                if isinstance(mine, (int, float)) and not isinstance(mine, bool) and float(mine) == v:
+                    continue
+                where = a.provenance.pop(key, "?")
+                a.config.pop(key)
+                a.unmapped.append(f"{key}={mine!r} ({where}; left out: contradicts {u})")
+                a.warn(f"{key} is left out: the loop's expression at {where} gives {mine!r}, but {u} is named for "
+                       f"that role and is not used where the value was read; set {key} by hand")
+                break
+
     def no_clipping_default(self) -> None:
         """No gradient clipping anywhere in the script or its local modules: ``optim.actor.clip_grad``
         is 0 (off), named as the script's choice, not left to verl-bridge's default of 1.0."""
