@@ -183,6 +183,20 @@ EXPECT = {
     "ray_actor_update": ("refused", {}, {}, ["Ray actor Learner", "ray_actor_update.py:7"], []),
     "pairwise_preference": ("refused", {}, {}, ["offline preference loss", "pairwise_preference.py:22"], []),
     "argmax_baseline": ("refused", {}, {}, ["greedy baseline", "`anchor`", "argmax_baseline.py:16"], []),
+    # --- where values come from (issue 23) ---
+    # hyphenated file name (a warning naming the module used), HfArgumentParser(OneClass)[0], an expression
+    # default, the policy wrapped in a value head after loading (never the hub-id reward classifier), a
+    # prompt LengthSampler slice, TRL's per-process batch sizes left out, torch Adam's weight decay 0
+    "detox-wrapped-valuehead": ("migrated", {
+        "algorithm.name": "ppo", "optim.actor.lr": 1e-5, "algorithm.ppo_epochs": 3, "algorithm.lam": 0.95,
+        "model.actor.args.model_name_or_path": "acme/tiny-chat-1b", "data.max_prompt_length": 32,
+        "data.max_response_length": 40, "rollout.top_k": 0, "rollout.top_p": 0.95, "trainer.save_every": 40,
+        "optim.actor.weight_decay": 0.0},
+        {"optim.actor.lr": 19, "model.actor.args.model_name_or_path": 18, "data.max_prompt_length": 48},
+        [], ["not an importable module name", "module 'detox_wrapped_valuehead'", "count samples per process"],
+        {"absent": ["data.rollout_batch_size", "algorithm.mini_batch_size", "algorithm.micro_batch_size"],
+         "defaults": {"optim.actor.weight_decay": "torch.optim.Adam default", "algorithm.kl.coef": "trl<=0.11"},
+         "unmapped": ["RunFlags.per_proc_batch=24"]}),
 }
 
 
@@ -217,7 +231,7 @@ def test_fixture(name):
         assert key in res.config, (key, res.config, res.warnings)
         assert res.config[key] == pytest.approx(value) if isinstance(value, float) else res.config[key] == value
         assert res.provenance[key].split(":")[0].endswith(".py") or \
-            res.provenance[key].startswith("trl<=0.11 PPOConfig default"), res.provenance[key]
+            res.provenance[key] == res.defaults_used.get(key, {}).get("from"), res.provenance[key]
     for key, line in lines.items():
         assert res.provenance[key] == f"{base}.py:{line}"
     for key, prefix in extra.get("provenance", {}).items():
