@@ -197,6 +197,15 @@ EXPECT = {
         {"absent": ["data.rollout_batch_size", "algorithm.mini_batch_size", "algorithm.micro_batch_size"],
          "defaults": {"optim.actor.weight_decay": "torch.optim.Adam default", "algorithm.kl.coef": "trl<=0.11"},
          "unmapped": ["RunFlags.per_proc_batch=24"]}),
+    # everything built inside main(): `config` is first an AutoConfig, then the PPOConfig (the assignment
+    # that reaches PPOTrainer counts); the policy checkpoint flag has no default (to_fill, not a refusal);
+    # steps=400 / batch_size=16 -> total_ppo_epochs 25 caps the enumerate loop; save interval None = off
+    "medqa_required_model": ("migrated", {
+        "algorithm.name": "ppo", "algorithm.kl.coef": 0.05, "trainer.total_steps": 25,
+        "data.max_prompt_length": 384, "data.max_response_length": 96},
+        {"algorithm.kl.coef": 18, "data.max_prompt_length": 20},
+        [], ["comes from the command line (--base_ckpt", "trainer.total_steps=25 steps (`break`)"],
+        {"absent": ["model.actor.args.model_name_or_path", "trainer.save_every", "algorithm.kl.target"]}),
 }
 
 
@@ -249,7 +258,8 @@ def test_fixture(name):
     if status == "migrated":
         assert res.new_source == _read(f"{base}.py", "after")
         assert res.yaml_text == _read(f"{base}.yaml", "after").decode()
-        assert yaml.safe_load(res.yaml_text) == nest(res.config)
+        filled = {k: v["placeholder"] for k, v in res.to_fill.items()}  # the command line must give these
+        assert yaml.safe_load(res.yaml_text) == nest({**res.config, **filled})
         if extra.get("block"):
             # the loop ran at module level / in the __main__ block: the trainer call sits under the guard,
             # so importing the script (MegatronTrainer does, for the reward function) trains nothing
