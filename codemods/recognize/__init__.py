@@ -17,6 +17,8 @@ the actor learning rate, and so on. One concern per module, each a mixin of :cla
 ``reward``         the reward function
 ``probe``          the advantage estimator identified by running its extracted block on synthetic
                    rewards in a sandboxed subprocess (fallback: the static recognisers)
+``policy_gradient`` an update with no ratio: on-policy (one optimizer step per rollout batch) is
+                   one PPO epoch; several steps per batch are refused
 ``refusals``       blockers named as such: Ray trainer actors, DPO-style preference losses, multi-turn
                    tool-use episodes, replay buffers across steps, a greedy-decoding baseline
 ``frameworks``     TRL's legacy ``PPOTrainer.step`` loop with its version's defaults, framework
@@ -46,6 +48,7 @@ from .models import ModelsMixin
 from .prompts import PromptsMixin
 from .values import ValuesMixin
 from .report import ReportMixin
+from .policy_gradient import PolicyGradientMixin
 from .probe import ProbeMixin
 from .refusals import RefusalsMixin
 from .reward import RewardMixin
@@ -53,9 +56,9 @@ from .reward import RewardMixin
 __all__ = ["Analysis", "Recognizer", "analyze"]
 
 
-class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLossMixin,
-                 LogProbRolesMixin, RewardMixin, RefusalsMixin, ProbeMixin, FrameworksMixin, ReportMixin,
-                 RecognizerBase):
+class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin,
+                 ClipLossMixin, LogProbRolesMixin, RewardMixin, RefusalsMixin, ProbeMixin, PolicyGradientMixin,
+                 FrameworksMixin, ReportMixin, RecognizerBase):
     def run(self) -> Analysis:
         a = self.a
         trainer_calls = [c for c, _ in self.calls if self.qn(c.func) & set(TRAINER_QNAMES)]
@@ -76,11 +79,8 @@ class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, ConfigSites
         self.loop_func = self.p.func_of(main_loop)
         trl = "trl_step" in self.reach(main_loop)
         if not trl and not self.ratio_clips():
-            a.refuse(
-                f"{self.loc(self.p.line(main_loop))}: the loop generates and updates the model but has no "
-                "clipped probability ratio (torch.clamp(ratio, 1 - eps, 1 + eps)): it is not a PPO/GRPO loop "
-                "that can be mapped with certainty; if it is REINFORCE-style, write the PPO objective with a "
-                "clipped ratio first")
+            # no ratio: an on-policy policy gradient (one optimizer step per rollout batch) is PPO at one epoch
+            self.check_on_policy()
         self.find_entry_point()
         if trl:
             self.extract_trl()

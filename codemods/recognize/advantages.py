@@ -93,7 +93,8 @@ class AdvantagesMixin:
         """(gamma Ev, lam Ev | None, line) from ``last = delta + g * l * [mask *] last`` and
         ``delta = r + g * v' [* mask] - v``. Done/terminal masks are not coefficients; a product
         whose coefficients cannot be told apart (``gl = gamma * lam`` precomputed) proves nothing."""
-        for node, info in self.func_nodes(cst.Assign):
+        # inside functions, or at module level / under `if __name__ == "__main__":` (info None)
+        for node, info in self.p.nodes_of(cst.Assign):
             if not isinstance(node, cst.Assign):
                 continue
             tnames = set()
@@ -144,11 +145,12 @@ class AdvantagesMixin:
 
     def _gamma_in_delta(self, delta, info):
         names = []
+        assigns = info.assigns if info is not None else self.p.module_assigns
         if isinstance(delta, cst.Name):
-            names = [e for e in info.assigns.get(delta.value, []) if e is not None]
+            names = [e for e in assigns.get(delta.value, []) if e is not None]
         elif isinstance(delta, cst.Subscript) and isinstance(delta.value, cst.Name):
-            names = [e for e in info.assigns.get(delta.value.value, []) if e is not None]
-            for n in walk(info.node.body):
+            names = [e for e in assigns.get(delta.value.value, []) if e is not None]
+            for n in walk(info.node.body if info is not None else self.p.module):
                 if isinstance(n, cst.Assign) and isinstance(n.targets[0].target, cst.Subscript) and _code(n.targets[0].target.value) == delta.value.value:
                     names.append(n.value)
         else:
@@ -269,7 +271,7 @@ class AdvantagesMixin:
         return None
 
     def find_whitening(self):
-        for node, info in self.func_nodes(cst.Assign, cst.Call):
+        for node, info in self.p.nodes_of(cst.Assign, cst.Call):
             if isinstance(node, cst.Assign) and isinstance(node.targets[0].target, cst.Name):
                 t = node.targets[0].target.value
                 code = _code(node.value).replace(" ", "")

@@ -161,7 +161,8 @@ class LoopsMixin:
                    "whose length is known only at run time")
         # path from the main loop to the backward call: epochs and minibatch loops
         path = self.path_to_backward(loop.body, scope, set())
-        if path is None:
+        if path is None or getattr(self, "on_policy", None):
+            # on-policy PG: loops around backward() accumulate gradients of one step (policy_gradient.py)
             return
         epochs_set = False
         mini_seen = False

@@ -221,10 +221,20 @@ class ProbeMixin:
                     continue
                 v = n.value
                 centred = any(isinstance(b, cst.BinaryOperation) and isinstance(b.operator, cst.Subtract)
-                              and BASELINE_RE.search(_code(b.right)) for b in walk(v))
+                              and self._is_baseline(b.right, f) for b in walk(v))
                 if centred:
                     out.append((n, f))
         return out
+
+    def _is_baseline(self, node, info) -> bool:
+        """A mean / sum (or a value built from one, through the names it is assigned from)."""
+        if BASELINE_RE.search(_code(node)):
+            return True
+        for nm in _loads(node):
+            for e in self.p.assignments_of(nm, info):
+                if e is not None and BASELINE_RE.search(_code(e)):
+                    return True
+        return False
 
     def _probe_block(self, site, info) -> Optional[dict]:
         """The pure statements *site* needs (in source order, loops and ifs kept around them), its

@@ -76,7 +76,17 @@ EXPECT = {
     "sft_mentions_ppo": ("refused", {}, {}, ["not an RL training loop"], []),
     "kl_old_policy": ("refused", {}, {}, ["old policy"], []),
     "module_level_loop": ("refused", {}, {}, ["cannot tell how advantages", "model_provider"], []),
-    "reinforce_no_clip": ("refused", {}, {}, ["no clipped probability ratio"], []),
+    # no ratio is fine on-policy, but plain REINFORCE without a baseline matches no estimator
+    "reinforce_no_clip": ("refused", {}, {}, ["cannot tell how advantages are computed"],
+                          ["on-policy policy gradient", "clip range (clip_ratio) has no effect"]),
+    # leave-one-out baseline per prompt in a numpy loop, found by running the block; on-policy PG
+    "onpolicy_loo_groups": ("migrated", {
+        "algorithm.name": "rloo", "algorithm.ppo_epochs": 1, "algorithm.group_size": 6, "algorithm.kl.coef": 0.0,
+        "optim.actor.lr": 3e-6, "trainer.total_steps": 400, "data.max_response_length": 96,
+        "model.reward.args.path": "onpolicy_loo_groups:reward_fn"},
+        {"algorithm.ppo_epochs": 35, "algorithm.name": 18}, [],
+        ["identified by running the block at onpolicy_loo_groups.py:18", "leave-one-out baseline",
+         "clip range (clip_ratio) has no effect"], {"absent": ["algorithm.clip_ratio"]}),
     "already_migrated": ("unchanged", {}, {}, [], []),
     "merge_conflict": ("error", {}, {}, ["merge-conflict"], []),
     # --- real-world shapes (written for these tests after studying public scripts; see README) ---
