@@ -217,7 +217,8 @@ class FrameworksMixin:
                "depend on the launch, so data.rollout_batch_size, algorithm.mini_batch_size and "
                "algorithm.micro_batch_size (which must divide them) are left out: set them for the number of "
                "processes you train with")
-        if trainer_call is not None and _kwarg(trainer_call, "optimizer") is not None:
+        if trainer_call is not None and _kwarg(trainer_call, "optimizer") is not None and \
+                not self.none_by_default(_kwarg(trainer_call, "optimizer"), self.p.func_of(trainer_call)):
             pass  # the optimizer handed to PPOTrainer carries the learning rate (extract_optimizers)
         else:
             put("optim.actor.lr", "learning_rate")

@@ -171,7 +171,11 @@ class LoopsMixin:
                 self.emit("algorithm.ppo_epochs", self.p.ev(node, sc), "the number of PPO epochs")
                 epochs_set = True
             elif kind in ("range3", "split") and not mini_seen:
-                self.emit("algorithm.mini_batch_size", self.p.ev(node, sc), "the minibatch size")
+                stop = self.__dict__.get("range_stops", {}).get(id(node))
+                if stop is not None and self.whole_batch_step(stop, node, sc):  # values.py
+                    self.emit("algorithm.mini_batch_size", Known(None, self.p.line(node)), "the minibatch size")
+                else:
+                    self.emit("algorithm.mini_batch_size", self.p.ev(node, sc), "the minibatch size")
                 mini_seen = True
             elif kind in ("range3", "split"):
                 # a strided loop inside the minibatch loop slices it into micro-batches (gradient
@@ -276,6 +280,7 @@ class LoopsMixin:
                         out.append(("range1", args[0], scope))
                     elif len(args) == 3:
                         out.append(("range3", args[2], scope))
+                        self.__dict__.setdefault("range_stops", {})[id(args[2])] = args[1]
                 elif isinstance(it, cst.Call) and _last(it.func) in ("split", "chunk") and it.args:
                     if _last(it.func) == "split":
                         out.append(("split", it.args[0].value, scope))

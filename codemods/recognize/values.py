@@ -57,9 +57,9 @@ class ValuesMixin:
         is 0 (off), named as the script's choice, not left to verl-bridge's default of 1.0."""
         if "optim.actor.clip_grad" in self.a.config:
             return
-        # Megatron-LM's optimizer clips at --clip-grad (default 1.0) and DeepSpeed / other engines take
-        # it from their own configs: only a plain torch optimizer loop is known not to clip
-        if any(q.split(".")[0] in ("megatron", "deepspeed", "apex", "nemo", "colossalai", "lightning",
+        # Megatron-LM's optimizer clips at --clip-grad (default 1.0), other engines take it from their own
+        # configs; DeepSpeed clips only with "gradient_clipping" in its config (default 0.0, the regex above)
+        if any(q.split(".")[0] in ("megatron", "apex", "nemo", "colossalai", "lightning",
                                    "pytorch_lightning") for q in self.p.imports.values()):
             return
         for mod in self.p.modules:
@@ -107,6 +107,50 @@ class ValuesMixin:
             if name in OPTIMIZERS and any(q.startswith("torch.optim") for q in qs):
                 return name, {f"torch.optim.{name}"}
         return None
+
+    def whole_batch_step(self, stop, step, scope) -> bool:
+        """``range(0, args.batch, args.mini)`` with ``args.mini = exact_div(args.batch, args.nminibatches)``
+        (or ``args.batch // n``) and n = 1 by default: one minibatch, the whole batch (mini_batch_size null)."""
+        from .base import _code, _last
+
+        def stored(node):
+            if isinstance(node, cst.Attribute):
+                hits = self.p.attr_stores().get(node.attr.value, [])
+                if len(hits) == 1 and hits[0][1] is not None:
+                    return hits[0][1], hits[0][2]
+            if isinstance(node, cst.Name):
+                exprs = [e for e in self.p.assignments_of(node.value, scope) if e is not None]
+                if len(exprs) == 1:
+                    return exprs[0], scope
+            return None, None
+
+        expr, sc = stored(step)
+        if expr is None:
+            return False
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and len(expr.args) == 2 and \
+                "div" in expr.func.value.lower():  # exact_div(a, b) / safe_div(a, b)
+            num, den = expr.args[0].value, expr.args[1].value
+        elif isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.FloorDivide, cst.Divide)):
+            num, den = expr.left, expr.right
+        else:
+            return False
+        same = _code(num) == _code(stop) or (_last(num) is not None and _last(num) == _last(stop)
+                                              and isinstance(num, cst.Attribute) and isinstance(stop, cst.Attribute))
+        d = self.p.ev(den, sc)
+        return same and isinstance(d, Known) and d.value == 1 and not isinstance(d.value, bool)
+
+    def none_by_default(self, node, scope) -> bool:
+        """*node* is None with the script's defaults: ``optimizer = None`` and an ``optimizer = Adafactor(...)``
+        only under ``if args.adafactor:`` (default False). TRL then builds its own Adam at learning_rate."""
+        if isinstance(node, cst.Name) and node.value == "None":
+            return True
+        if not isinstance(node, cst.Name):
+            return False
+        exprs = self.p.assignments_of(node.value, scope)
+        live = [e for e in exprs if e is not None and not self.statically_dead(e, scope)]
+        if None in exprs or not live:
+            return False
+        return all(isinstance(e, cst.Name) and e.value == "None" for e in live)
 
     def statically_dead(self, node, scope) -> bool:
         """*node* sits in a branch that the values the script runs with never take (the ``if`` test

@@ -96,7 +96,7 @@ EXPECT = {
         "algorithm.kl.horizon": 10000, "algorithm.vf_coef": 0.1, "algorithm.lam": 0.95, "algorithm.gamma": 1,
         "algorithm.clip_ratio": 0.2, "algorithm.value_clip": 0.2, "optim.actor.lr": 1.41e-5,
         "data.max_response_length": 15, "rollout.top_p": 1.0,
-        "algorithm.micro_batch_size": 1, "model.actor.args.model_name_or_path": "./models/gpt2-imdb"},
+        "model.actor.args.model_name_or_path": "./models/gpt2-imdb"},
         {"optim.actor.lr": 8, "data.max_response_length": 22},
         [], ["LengthSampler(4, 16)", "save_pretrained", "TODO"],
         {"defaults": {"algorithm.ppo_epochs": "trl<=0.11 PPOConfig default: ppo_epochs=4",
@@ -111,7 +111,7 @@ EXPECT = {
          "unmapped": ["ScriptArguments.reward_threshold=0.5", "ScriptArguments.max_prompt_tokens=64"]}),
     # trainer-class method loop, self.ppo_trainer, gradient accumulation, adap_kl_ctrl=False
     "trl_runner_class": ("migrated", {
-        "algorithm.ppo_epochs": 2, "algorithm.micro_batch_size": 8,
+        "algorithm.ppo_epochs": 2,
         "algorithm.kl.coef": 0.1, "optim.actor.lr": 5e-6,
         "data.max_response_length": 48, "model.actor.args.model_name_or_path": "./models/opt-350m-sft"},
         {"algorithm.kl.coef": 14, "model.actor.args.model_name_or_path": 31}, [], [],
