@@ -7,7 +7,7 @@ import re
 
 import libcst as cst
 
-from .._static import Known
+from .._static import Known, walk
 
 
 CLIPPING_RE = re.compile(r"clip_grad_norm|clip_grad_value|max_grad_norm|gradient_clipping|grad_clip|clip_grad|"
@@ -23,7 +23,44 @@ ROLE_NAMES = {
 }
 
 
+SEED_CALLS = {"torch.manual_seed", "torch.random.manual_seed", "transformers.set_seed", "trl.set_seed",
+              "accelerate.utils.set_seed", "lightning.seed_everything"}
+
+
 class ValuesMixin:
+    def extract_run_values(self) -> None:
+        """trainer.seed, trainer.eval_every and data.rollout_batch_size where the loop's own code says so."""
+        from .base import _call_arg, _find_modulo, _kwarg, _last
+
+        loop = self.main_loop
+        scope = self.loop_func
+        for call, sc in self.calls:
+            if self.qn(call.func) & SEED_CALLS and call.args and "trainer.seed" not in self.a.config:
+                v = self.p.ev(call.args[0].value, sc)
+                if isinstance(v, Known) and isinstance(v.value, int) and not isinstance(v.value, bool):
+                    self.emit("trainer.seed", v, "the seed")
+        # evaluation every N steps: `if step % N == 0: evaluate(...)` in the loop body
+        for n in walk(loop.body):
+            if isinstance(n, cst.If):
+                m = _find_modulo(n.test)
+                if m is None:
+                    continue
+                called = [_last(c.func) or "" for c in walk(n.body) if isinstance(c, cst.Call)]
+                if any(re.search(r"(^|_)eval", c, re.I) for c in called):
+                    self.emit("trainer.eval_every", self.p.ev(m, scope), "the evaluation interval")
+                    break
+        # prompts per step: the DataLoader the loop iterates
+        if isinstance(loop, cst.For):
+            it = loop.iter
+            while isinstance(it, cst.Call) and _last(it.func) in ("enumerate", "tqdm", "iter") and it.args:
+                it = it.args[0].value
+            if isinstance(it, cst.Name):
+                exprs = [e for e in self.p.assignments_of(it.value, scope) if e is not None]
+                if len(exprs) == 1 and isinstance(exprs[0], cst.Call) and _last(exprs[0].func) == "DataLoader":
+                    bs = _kwarg(exprs[0], "batch_size")
+                    if bs is not None and "data.rollout_batch_size" not in self.a.config:
+                        self.emit("data.rollout_batch_size", self.p.ev(bs, scope), "the prompts per step")
+
     def drop_role_conflicts(self) -> None:
         """A GAE coefficient reported as certain while a flag / field / constant NAMED for that role,
         with a different value, is not used (listed in ``unmapped``): the value came from the shape of
@@ -104,8 +141,48 @@ class ValuesMixin:
         for b in cdef.bases:
             name = _last(b.value) or ""
             qs = self.qn(b.value)
-            if name in OPTIMIZERS and any(q.startswith("torch.optim") for q in qs):
+            if name in OPTIMIZERS and (any(q.startswith("torch.optim") for q in qs) or name in ("Adam", "AdamW")):
                 return name, {f"torch.optim.{name}"}
+        return None
+
+    def gated_step(self, loop, step_node, scope):
+        """Inside the strided loop ``for i in range(0, n, micro)``, ``optimizer.step()`` runs only under
+        ``if counter % k == 0`` (gradient accumulation): the samples per optimizer step - ``k`` when the
+        counter counts samples (``total_samples += micro``), ``micro * k`` when it counts micro-steps.
+        None when the step is not gated (every iteration steps), or the counter is not clear."""
+        from .base import _find_modulo, _last
+
+        if loop is None:
+            return None
+        for n in walk(loop.body):
+            if not (isinstance(n, cst.Call) and _last(n.func) == "step" and isinstance(n.func, cst.Attribute)
+                    and re.search(r"optim|opt\b|engine", cst.Module(body=[]).code_for_node(n.func.value), re.I)):
+                continue
+            for anc in self.p.ancestors(n):
+                if anc is loop:
+                    return None
+                if isinstance(anc, cst.If):
+                    m = _find_modulo(anc.test)
+                    left = next((b.left for b in walk(anc.test) if isinstance(b, cst.BinaryOperation)
+                                 and isinstance(b.operator, cst.Modulo)), None)
+                    if m is None or not isinstance(left, cst.Name):
+                        return None
+                    k = self.p.ev(m, scope)
+                    if not isinstance(k, Known):
+                        return k if not isinstance(k, Known) and k is not None else None
+                    incs = [a for a in walk(loop.body) if isinstance(a, cst.AugAssign)
+                            and isinstance(a.target, cst.Name) and a.target.value == left.value]
+                    if len(incs) != 1:
+                        return None
+                    inc = incs[0].value
+                    if isinstance(inc, cst.Integer) and inc.value == "1":
+                        micro = self.p.ev(step_node, scope)
+                        if isinstance(micro, Known) and isinstance(micro.value, int) and isinstance(k.value, int):
+                            return Known(micro.value * k.value, k.line)
+                        return None
+                    if re.search(r"sample|seen|processed|example", left.value, re.I):
+                        return k
+                    return None
         return None
 
     def whole_batch_step(self, stop, step, scope) -> bool:
