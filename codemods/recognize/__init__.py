@@ -19,6 +19,8 @@ the actor learning rate, and so on. One concern per module, each a mixin of :cla
                    rewards in a sandboxed subprocess (fallback: the static recognisers)
 ``policy_gradient`` an update with no ratio: on-policy (one optimizer step per rollout batch) is
                    one PPO epoch; several steps per batch are refused
+``semantics``      warnings for what changes silently: LoRA/PEFT adapters, 4/8-bit loading, frozen or
+                   shared layers, reward whitening
 ``refusals``       blockers named as such: Ray trainer actors, DPO-style preference losses, multi-turn
                    tool-use episodes, replay buffers across steps, a greedy-decoding baseline
 ``frameworks``     TRL's legacy ``PPOTrainer.step`` loop with its version's defaults, framework
@@ -52,13 +54,14 @@ from .policy_gradient import PolicyGradientMixin
 from .probe import ProbeMixin
 from .refusals import RefusalsMixin
 from .reward import RewardMixin
+from .semantics import SemanticsMixin
 
 __all__ = ["Analysis", "Recognizer", "analyze"]
 
 
 class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin,
                  ClipLossMixin, LogProbRolesMixin, RewardMixin, RefusalsMixin, ProbeMixin, PolicyGradientMixin,
-                 FrameworksMixin, ReportMixin, RecognizerBase):
+                 SemanticsMixin, FrameworksMixin, ReportMixin, RecognizerBase):
     def run(self) -> Analysis:
         a = self.a
         trainer_calls = [c for c, _ in self.calls if self.qn(c.func) & set(TRAINER_QNAMES)]
@@ -108,6 +111,7 @@ class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, ConfigSites
         self.extract_save()
         self.extract_hooks(trl)
         self.extract_reward()
+        self.warn_semantics()
         self.unsupported()
 
 

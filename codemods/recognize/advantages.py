@@ -77,12 +77,20 @@ class AdvantagesMixin:
             return False
         name, std, line, detail = found
         self.emit("algorithm.name", Known(name, line))
-        if name == "grpo":
+        if name == "grpo" and std is not None:
             self.emit("algorithm.norm_adv_by_std", Known(bool(std), line))
+        elif name == "grpo":
+            flag, node = getattr(self, "probe_flag", ("a flag", None))
+            self.a.unmapped.append(f"algorithm.norm_adv_by_std: `if {flag}:` at {self.loc(line)} decides at run time "
+                                   "whether the group advantages are divided by their std")
         self.a.warn(f"advantages: identified by running the block at {self.loc(line)} on synthetic rewards in a "
-                    f"sandbox: {detail} ({name}{'' if name != 'grpo' else ', norm_adv_by_std ' + str(bool(std))})")
-        g = self._group_in(self.main_loop)
-        if g is not None:
+                    f"sandbox: {detail} ({name}{'' if name != 'grpo' or std is None else ', norm_adv_by_std ' + str(bool(std))})")
+        pg = getattr(self, "probe_group", None)
+        g = self._group_in(self.main_loop) if pg is None else None
+        if pg is not None:
+            # the block's input that acted as the group size when its output matched the estimator
+            self.emit("algorithm.group_size", pg[0], "the group size")
+        elif g is not None:
             self.emit("algorithm.group_size", self.p.ev(g[0], g[1]), "the group size")
         else:
             self.a.warn("algorithm.group_size is left out: the number of responses per prompt was not found "
@@ -277,8 +285,9 @@ class AdvantagesMixin:
                 code = _code(node.value).replace(" ", "")
                 if re.search(r"adv", t, re.I) and re.search(r"\.mean\(\)", code) and re.search(r"\.std\(\)", code):
                     return self.p.line(node)
-            if isinstance(node, cst.Call) and (_last(node.func) or "") in ("whiten", "masked_whiten"):
-                return self.p.line(node)
+            if isinstance(node, cst.Call) and (_last(node.func) or "") in ("whiten", "masked_whiten") and \
+                    not (node.args and re.search(r"reward|score", _code(node.args[0].value), re.I)):
+                return self.p.line(node)  # (whitening the rewards is not whitening the advantages)
             if isinstance(node, cst.Call) and any(re.search(r"adv", _code(a.value), re.I) for a in node.args):
                 # a helper of the program that returns (x - x.mean()) / (x.std() + eps), given advantages
                 t = self.p.resolve_callee(node, info)

@@ -121,6 +121,9 @@ class RecognizerBase:
         own = prog._own_parents
         # training loops live in the script itself, not in the local modules it imports
         self.loops = [n for n, _ in prog.nodes_of(cst.For, cst.While) if n in own]
+        # loops of the local modules it imports: followed when the script's own loops train nothing
+        # (the script builds a trainer object of a local class and calls its method: GRPO(...).train())
+        self.module_loops = [n for n, _ in prog.nodes_of(cst.For, cst.While) if n not in own]
         self._reach: dict = {}
         self.framework_defaults: dict = {}  # key -> where the default comes from
         self.framework_records: list = []  # (name, Record) of framework config objects

@@ -49,14 +49,13 @@ class ClipLossMixin:
 
     # ------------------------------------------------------------------ loss coefficients
     def extract_loss_coefs(self) -> None:
-        # inside functions, and a loop at module level (``if __name__ == "__main__":`` scripts)
-        in_loop = {id(n) for n in walk(self.main_loop)} if getattr(self, "main_loop", None) is not None else set()
-        sites = list(self.func_nodes(cst.Assign, cst.AugAssign, cst.Return)) + [
-            (n, None) for n, f in self.p.nodes_of(cst.Assign, cst.AugAssign) if f is None and id(n) in in_loop]
-        for node, info in sites:
+        # in functions and at module level / under the __main__ guard (info None)
+        for node, info in self.p.nodes_of(cst.Assign, cst.AugAssign, cst.Return):
             if not isinstance(node, (cst.Assign, cst.AugAssign, cst.Return)):
                 continue
             if isinstance(node, cst.Return):
+                if info is None:
+                    continue
                 if node.value is None or not LOSS_RE.search(info.name):
                     continue
                 tgt_code = info.name

@@ -70,8 +70,22 @@ class LoopsMixin:
         return isinstance(ev, Known) and bool(ev.value)
 
     def find_main_loop(self):
+        loop = self._find_main_loop(self.loops)
+        if loop is None and getattr(self, "module_loops", None):
+            # a loop in a method of a local module's class, reached from this script's top level
+            loop = self._find_main_loop(self.module_loops)
+            if loop is not None:
+                func = self.p.func_of(loop)
+                if func is None or not any(self._stmt_reaches(st, {func.node}) for st in self.p.module.body
+                                           if not isinstance(st, (cst.FunctionDef, cst.ClassDef))) and \
+                        not any(self._stmt_reaches(st, {func.node}) for st in self.p.module.body
+                                if isinstance(st, cst.FunctionDef)):
+                    return None
+        return loop
+
+    def _find_main_loop(self, loops):
         cands = []
-        for loop in self.loops:
+        for loop in loops:
             tags = self.reach(loop)
             if ("gen" in tags and "backward" in tags) or "trl_step" in tags:
                 cands.append(loop)
@@ -170,6 +184,15 @@ class LoopsMixin:
             if kind == "range1" and not epochs_set:
                 self.emit("algorithm.ppo_epochs", self.p.ev(node, sc), "the number of PPO epochs")
                 epochs_set = True
+            elif kind in ("range3", "split") and not mini_seen and not self._steps_every_iteration(node):
+                # backward() in every iteration but the optimizer steps only under a condition
+                # (`if n % k == 0: optimizer.step()`) or after the loop: gradient accumulation over
+                # micro-batches; the minibatch is several of them (left out unless proven)
+                self.emit("algorithm.micro_batch_size", self.p.ev(node, sc), "the micro-batch size")
+                mini_seen = True
+                self.a.warn(f"{self.loc(self.p.line(node))}: the optimizer does not step in every iteration of this "
+                            "loop (gradient accumulation): its stride is the micro-batch size; "
+                            "algorithm.mini_batch_size is left out")
             elif kind in ("range3", "split") and not mini_seen:
                 stop = self.__dict__.get("range_stops", {}).get(id(node))
                 gated = self.gated_step(self.__dict__.get("range_loops", {}).get(id(node)), node, sc)  # values.py
@@ -188,6 +211,32 @@ class LoopsMixin:
                 self.emit("algorithm.micro_batch_size", self.p.ev(node, sc), "the micro-batch size")
         if not epochs_set:
             self.emit("algorithm.ppo_epochs", Known(1, self.p.line(loop)))
+
+    def _steps_every_iteration(self, count_node) -> bool:
+        """Whether an optimizer ``.step()`` runs unconditionally in each iteration of the loop whose
+        count is *count_node* (directly or through a function it calls)."""
+        loop = next((a for a in self.p.ancestors(count_node) if isinstance(a, cst.For)), None)
+        if loop is None or not hasattr(self, "optimizer_steps"):
+            return True
+        for call, region in self.optimizer_steps(self.main_loop):
+            anchor = call
+            if not any(x is loop for x in self.p.ancestors(call)):
+                # a step in a function called from the loop: look at the call site instead
+                f = self.p.func_of(call)
+                sites = [c for c, _, _ in self.p.calls_by_callee().get(f.qual, [])] if f is not None else []
+                sites = [c for c in sites if any(x is loop for x in self.p.ancestors(c))]
+                if not sites:
+                    continue
+                anchor = sites[0]
+            guarded = False
+            for anc in self.p.ancestors(anchor):
+                if anc is loop:
+                    break
+                if isinstance(anc, cst.If):
+                    guarded = True
+            if not guarded:
+                return True
+        return False
 
     def step_cap(self, loop, scope):
         """``for step, batch in enumerate(loader): if step >= n: break`` as the loop's first statement:
@@ -446,7 +495,9 @@ def _is_literal(node) -> bool:
 
 
 def _loads(stmt) -> set:
-    return {n.value for n in walk(stmt) if isinstance(n, cst.Name)}
+    # an import reads no variable of the file (`from learner import X` does not need a variable `learner`)
+    skip = {id(x) for n in walk(stmt) if isinstance(n, (cst.Import, cst.ImportFrom)) for x in walk(n)}
+    return {n.value for n in walk(stmt) if isinstance(n, cst.Name) and id(n) not in skip}
 
 
 def _binds(stmt) -> set:

@@ -98,7 +98,8 @@ for block in spec["blocks"]:
     code = compile(block["code"], "<probe>", "exec")
     found = []
     roles = ["rewards", "G", "B", "Blist", "ns", "groups"]
-    for combo in itertools.product(roles, repeat=len(inputs)):
+    per_input = [["T", "F"] if name in block.get("flags", []) else roles for name in inputs]
+    for combo in itertools.product(*per_input):
         if combo.count("rewards") + combo.count("groups") != 1:
             continue
         for fname, rew, shape in forms():
@@ -109,7 +110,7 @@ for block in spec["blocks"]:
                 env.update(torch=torch, F=F)
             env.update(block["consts"])
             for name, role in zip(inputs, combo):
-                env[name] = {"rewards": rew, "G": G, "B": B, "Blist": list(range(B)), "ns": NS(),
+                env[name] = {"rewards": rew, "G": G, "B": B, "Blist": list(range(B)), "ns": NS(), "T": True, "F": False,
                              "groups": {i: [R(x) for x in REW[i * G:(i + 1) * G]] for i in range(B)}}[role]
             if "groups" in combo and shape != "flat":
                 continue
@@ -197,10 +198,37 @@ class ProbeMixin:
         for (node, b), found in zip(blocks, results):
             if os.environ.get("VERL_BRIDGE_PROBE_DEBUG"):
                 print(self.loc(self.p.line(node)), json.dumps(b), json.dumps(found)[:1500], file=sys.stderr)
+            hits = []
             for f in found:
                 c = _classify(f["shape"], f["out"])
                 if c is not None and c[0] != "whiten":
-                    return (c[0], c[1], self.p.line(node), c[2])
+                    hits.append((c, {k: v for k, v in f["combo"].items() if k in b.get("flags", [])}))
+            if not hits:
+                continue
+            names = {c[0] for c, _ in hits}
+            if len(names) != 1:
+                self.probe_note = (f"the block at {self.loc(self.p.line(node))} computes different estimators "
+                                   f"({', '.join(sorted(names))}) depending on run-time flags")
+                return None
+            # the input that, bound to the group size, produced the matching grouping: its static value
+            self.probe_group = None
+            info = self.p.func_of(node)
+            g_inputs = {k for f in found for k, v in f["combo"].items() if v in ("G", "ns")
+                        if _classify(f["shape"], f["out"]) is not None}
+            for nm in sorted(g_inputs):
+                ev = self.p.ev_param(info, nm) if info is not None and nm in info.params else None
+                if isinstance(ev, Known) and isinstance(ev.value, int) and not isinstance(ev.value, bool):
+                    self.probe_group = (ev, nm)
+            stds = {c[1] for c, _ in hits}
+            if len(stds) == 1:
+                c = hits[0][0]
+                return (c[0], c[1], self.p.line(node), c[2])
+            # the std division depends on a run-time flag: name certain, norm_adv_by_std not
+            on = sorted({k for c, fl in hits if c[1] for k, v in fl.items() if v == "T"})
+            self.probe_flag = (", ".join(on) or "a flag", node)
+            c = hits[0][0]
+            return (c[0], None, self.p.line(node), "group-normalised; the division by the std depends on the "
+                    f"run-time flag {', '.join(on) or '?'}")
         self.probe_note = (f"the block at {self.loc(self.p.line(blocks[0][0]))} ran on synthetic rewards but matched no "
                            "verl-bridge estimator (GRPO with/without std, RLOO)")
         return None
@@ -309,17 +337,21 @@ class ProbeMixin:
         consts = {}
         inputs = []
         for nm in sorted(needed - bound - BUILTINS - MODULE_ALIASES):
-            ev = self.p.ev(cst.Name(nm), info) if nm not in info.params else None
-            if nm not in info.params and isinstance(ev, Known) and isinstance(ev.value, (int, float)) and \
+            ev = self.p.ev_param(info, nm) if nm in info.params else self.p.ev(cst.Name(nm), info)
+            # a small number (an eps, a constant) is a constant; a size could be the group size: an input
+            if isinstance(ev, Known) and isinstance(ev.value, float) and abs(ev.value) < 0.01:
+                consts[nm] = ev.value
+            elif nm not in info.params and isinstance(ev, Known) and isinstance(ev.value, (int, float)) and \
                     not isinstance(ev.value, bool):
                 consts[nm] = ev.value
             else:
                 inputs.append(nm)
-        if len(inputs) > 3 or not inputs:
+        if len(inputs) > 4 or not inputs:
             return None
         code = self._render(body, keep, site, info)
         if code is None:
             return None
+        flags = sorted(self._probe_flags & set(inputs))
         # an input computed inside a loop around the site (one prompt's rewards per iteration) is a group
         loops = [anc for anc in self.p.ancestors(site) if isinstance(anc, cst.For)]
         scope = "batch"
@@ -328,7 +360,7 @@ class ProbeMixin:
                     any(any(x is a for x in walk(l.body)) for l in loops):
                 scope = "group"
         cap_last = isinstance(site, cst.Assign) and isinstance(site.targets[0].target, cst.Subscript)
-        return {"code": code, "inputs": inputs, "consts": consts, "scope": scope, "cap_last": cap_last,
+        return {"code": code, "inputs": inputs, "consts": consts, "scope": scope, "cap_last": cap_last, "flags": flags,
                 "torch": True}
 
     @staticmethod
@@ -352,9 +384,11 @@ class ProbeMixin:
         return True
 
     def _render(self, body, keep, site, info) -> Optional[str]:
-        """Source of the kept statements with their enclosing for/if/else headers; the site's value is
+        """Render; ``self._probe_flags`` collects run-time flags whose branches both stay.
+Source of the kept statements with their enclosing for/if/else headers; the site's value is
         captured into ``__cap`` right after it runs. ``if`` tests the evaluator resolves keep one branch."""
         lines: list = []
+        self._probe_flags = set()
 
         def emit(stmts, depth):
             any_kept = False
@@ -383,6 +417,23 @@ class ProbeMixin:
                                 st.orelse.body.body if isinstance(st.orelse, cst.Else) else [])
                             if emit(branch, depth) is None:
                                 return None
+                        elif isinstance(st.test, cst.Name) and (st.orelse is None or isinstance(st.orelse, cst.Else)):
+                            # a flag known only at run time: both branches run, the flag is an input tried
+                            # both ways; a setting that depends on it is not reported as certain
+                            lines.append("    " * depth + f"if {st.test.value}:")
+                            n0 = len(lines)
+                            if emit(st.body.body, depth + 1) is None:
+                                return None
+                            if len(lines) == n0:
+                                lines.append("    " * (depth + 1) + "pass")
+                            if isinstance(st.orelse, cst.Else):
+                                lines.append("    " * depth + "else:")
+                                n0 = len(lines)
+                                if emit(st.orelse.body.body, depth + 1) is None:
+                                    return None
+                                if len(lines) == n0:
+                                    lines.append("    " * (depth + 1) + "pass")
+                            self._probe_flags.add(st.test.value)
                         else:
                             return None
                         any_kept = True

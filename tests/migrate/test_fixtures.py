@@ -79,6 +79,24 @@ EXPECT = {
     # no ratio is fine on-policy, but plain REINFORCE without a baseline matches no estimator
     "reinforce_no_clip": ("refused", {}, {}, ["cannot tell how advantages are computed"],
                           ["on-policy policy gradient", "clip range (clip_ratio) has no effect"]),
+    # the loop is a method of a class in an imported local module, driven from module-level statements;
+    # the model load and the trainer object go with the loop (an import of the script trains nothing)
+    "class_project/run_grpo": ("migrated", {
+        "algorithm.name": "grpo", "algorithm.group_size": 6, "algorithm.clip_ratio": 0.15,
+        "optim.actor.lr": 1e-6, "optim.actor.weight_decay": 0.05, "trainer.total_steps": 250,
+        "data.max_response_length": 200, "model.actor.args.model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct"},
+        {"algorithm.group_size": 12, "optim.actor.lr": 12},
+        [], ["learner.py:20"], {"provenance": {"algorithm.clip_ratio": "learner.py:6",
+                                               "trainer.total_steps": "learner.py:6"}, "block": True}),
+    # PPO under the __main__ guard: GAE with a separate scalar-head critic, value-loss coefficient, a reward
+    # helper that runs a model it is handed (a reward model: no reward path), LoRA and reward whitening warned
+    "main_guard_critic_ppo": ("migrated", {
+        "algorithm.name": "ppo", "algorithm.gamma": 0.99, "algorithm.lam": 0.9, "algorithm.clip_ratio": 0.1,
+        "algorithm.vf_coef": 0.5, "algorithm.ppo_epochs": 2, "algorithm.whiten_advantages": True,
+        "optim.actor.lr": 5e-6, "optim.critic.lr": 2e-5, "trainer.total_steps": 600},
+        {"algorithm.gamma": 7, "algorithm.lam": 8, "algorithm.whiten_advantages": 39, "algorithm.vf_coef": 46},
+        [], ["judge() (main_guard_critic_ppo.py:11) takes a model (clf)", "rewards are whitened",
+             "LoRA/PEFT adapters"], {"absent": ["model.reward.args.path"], "block": True}),
     # leave-one-out baseline per prompt in a numpy loop, found by running the block; on-policy PG
     "onpolicy_loo_groups": ("migrated", {
         "algorithm.name": "rloo", "algorithm.ppo_epochs": 1, "algorithm.group_size": 6, "algorithm.kl.coef": 0.0,
@@ -234,7 +252,7 @@ def _migrate(name: str):
 
 def test_corpus_is_large_enough():
     files = [f[:-3] for f in os.listdir(FIX) if f.endswith(".py")]
-    files += ["local_project/train_grpo_local", "dschat_project/training/step3/main"]
+    files += ["local_project/train_grpo_local", "dschat_project/training/step3/main", "class_project/run_grpo"]
     assert len(files) >= 25
     assert set(EXPECT) == set(files)
 
