@@ -244,6 +244,7 @@ class Program:
         self._value_uses: Optional[set] = None
         self.modules: list[cst.Module] = [self.module]
         self.local_modules: dict[str, "Program"] = {}  # module name -> its Program (same folder)
+        self.source_dir = source_dir
         if source_dir is not None and _depth < 2:
             self._load_local_modules(source_dir, _depth)
 
@@ -1133,6 +1134,13 @@ class Program:
                 except ValueError:
                     return None
             return v if isinstance(v, Runtime) else None
+        if isinstance(node.func, cst.Name) and node.func.value in ("Path", "str", "PurePath") and len(node.args) == 1 \
+                or qs & {"pathlib.Path", "os.fspath", "os.path.expanduser"} and len(node.args) == 1:
+            v = self.ev(node.args[0].value, scope)  # Path("x") is the path "x"
+            return v if isinstance(v, (Known, Runtime)) and (isinstance(v, Runtime) or isinstance(v.value, str)) \
+                else None
+        if qs & {"yaml.safe_load", "yaml.load", "yaml.full_load", "omegaconf.OmegaConf.load"} and node.args:
+            return self.ev_yaml(node.args[0].value, scope, line)
         if isinstance(node.func, cst.Name) and node.func.value == "len":
             return Runtime(f"len(...) at line {line} depends on the data", line)
         if isinstance(node.func, cst.Name) and node.func.value == "dict":
@@ -1155,7 +1163,7 @@ class Program:
                 return Known(self.dataclass_record(cdef, node, scope), line)
         # keyword-constructed config objects: PPOConfig(...), GRPOConfig(...), SimpleNamespace(...)
         name = q.rsplit(".", 1)[-1]
-        if name.endswith("Config") or name in ("SimpleNamespace", "Namespace", "EasyDict", "edict"):
+        if name.endswith("Config") or name in ("SimpleNamespace", "Namespace", "EasyDict", "edict", "SamplingParams"):
             fields = {}
             for a in node.args:
                 if a.keyword is not None:
@@ -1176,6 +1184,59 @@ class Program:
             if len(rets) == 1:
                 return self.ev(rets[0].value, t[0])
         return None
+
+    def ev_yaml(self, arg, scope, line) -> Ev:
+        """``yaml.safe_load(f)`` with ``with open(path) as f`` (or ``open(path)`` / a path for OmegaConf),
+        *path* a proven string naming a file of the project (``--config`` defaulting to "config.yaml"):
+        the file's mapping, each value with its own line in that file. The file is read, never run."""
+        import os
+
+        path_node = arg
+        if isinstance(arg, cst.Name):
+            path_node = None
+            for n, sc in self.nodes_of(cst.WithItem):
+                if sc is scope and n.asname is not None and isinstance(n.asname.name, cst.Name) \
+                        and n.asname.name.value == arg.value:
+                    path_node = n.item
+            if path_node is None:
+                return None
+        if isinstance(path_node, cst.Call) and (dotted(path_node.func) or "") in ("open", "io.open") and path_node.args:
+            path_node = path_node.args[0].value
+        p = self.ev(path_node, scope)
+        if isinstance(p, Runtime):
+            return p
+        if not (isinstance(p, Known) and isinstance(p.value, str)) or self.source_dir is None:
+            return None
+        full = p.value if os.path.isabs(p.value) else os.path.join(self.source_dir, p.value)
+        try:
+            import yaml
+
+            with open(full, "rb") as fh:
+                root = yaml.compose(fh)
+        except (OSError, ValueError, yaml.YAMLError):
+            return Runtime(f"the YAML file {p.value!r} the script loads is not readable here", line)
+        rel = os.path.relpath(full, self.source_dir).replace(os.sep, "/")
+
+        def conv(node):
+            if isinstance(node, yaml.MappingNode):
+                fields = {}
+                for k, v in node.value:
+                    if isinstance(k, yaml.ScalarNode):
+                        fields[k.value] = conv(v)
+                return Known(Record("dict", fields, Line(node.start_mark.line + 1, rel)), Line(node.start_mark.line + 1, rel))
+            try:
+                value = yaml.safe_load(yaml.serialize(node))
+            except yaml.YAMLError:
+                return None
+            if isinstance(value, list):
+                value = tuple(value)
+            return Known(value, Line(node.start_mark.line + 1, rel))
+
+        out = conv(root) if root is not None else None
+        if out is None or not isinstance(out.value, Record):
+            return None
+        self.__dict__.setdefault("yaml_files", set()).add(rel)
+        return out
 
     def dataclass_record(self, cdef: cst.ClassDef, call: Optional[cst.Call], scope) -> Record:
         fields: dict = {}

@@ -16,6 +16,18 @@ from .base import (ENTROPY_RE, GEN_RE, LOSS_RE, OLD_NAME_RE, OPTIMIZERS, REF_NAM
 MASK_RE = re.compile(r"done|terminal|mask|not_?done|nonterminal|(^|\W)1\s*-\s*\w", re.I)
 
 
+GAMMA_NAME_RE = re.compile(r"gamma|discount", re.I)
+LAM_NAME_RE = re.compile(r"lam|lmbda|lambd", re.I)
+
+
+def _last_name(node) -> str:
+    if isinstance(node, cst.Attribute):
+        return node.attr.value
+    if isinstance(node, cst.Name):
+        return node.value
+    return ""
+
+
 class AdvantagesMixin:
     # ------------------------------------------------------------------ advantages
     def extract_advantages(self) -> None:
@@ -30,7 +42,9 @@ class AdvantagesMixin:
             self.emit("algorithm.name", Known("ppo", gae[2] if gae else value_loss))
             if gae is not None:
                 self.emit("algorithm.gamma", gae[0], "the discount gamma")
-                if gae[1] is not None:
+                if len(gae) > 3:
+                    pass  # roles not bound by name: both left out (warned in find_gae)
+                elif gae[1] is not None:
                     self.emit("algorithm.lam", gae[1], "the GAE lambda")
                 else:
                     self.emit("algorithm.lam", Known(1.0, gae[2]))
@@ -114,10 +128,20 @@ class AdvantagesMixin:
                 consts = [f for f in rest if not MASK_RE.search(_code(f))]
                 gamma_node = self._gamma_in_delta(delta, info)
                 if len(consts) == 2:
+                    # roles are bound by name (gamma / lam) or by the discount inside delta, never by position
+                    g = None
                     if gamma_node is not None:
-                        g = next((c for c in consts if _code(c) == _code(gamma_node)), consts[0])
-                    else:
-                        g = consts[0]
+                        g = next((c for c in consts if _code(c) == _code(gamma_node)), None)
+                    if g is None:
+                        named = [c for c in consts if GAMMA_NAME_RE.search(_last_name(c))]
+                        lamed = [c for c in consts if LAM_NAME_RE.search(_last_name(c))]
+                        if len(named) == 1 and len(lamed) == 1 and named[0] is not lamed[0]:
+                            g = named[0]
+                    if g is None:
+                        self.a.warn(f"{self.loc(self.p.line(node))}: GAE recursion `{_code(node.value)}`: which "
+                                    "factor is gamma and which is lambda is not bound by name; algorithm.gamma and "
+                                    "algorithm.lam are left out")
+                        return (None, None, self.p.line(node), "unbound")
                     l = consts[1] if g is consts[0] else consts[0]
                     return (self.p.ev(g, info), self.p.ev(l, info), self.p.line(node))
                 if len(consts) == 1 and gamma_node is not None and _code(consts[0]) != _code(gamma_node):

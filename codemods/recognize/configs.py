@@ -44,7 +44,8 @@ class ConfigSitesMixin:
     def rollout_kwargs(self, call, scope, info: Optional[FuncInfo] = None) -> None:
         names = {"temperature": "rollout.temperature", "top_p": "rollout.top_p",
                  "max_new_tokens": "data.max_response_length", "max_response_length": "data.max_response_length",
-                 "response_length": "data.max_response_length", "max_gen_len": "data.max_response_length"}
+                 "response_length": "data.max_response_length", "max_gen_len": "data.max_response_length",
+                 "max_tokens": "data.max_response_length"}
         kws = self.call_kwargs(call, scope)
         for arg in call.args:
             # generate(model, queries, tokenizer, generation_config) / generate(..., generation_config=gc)
@@ -52,7 +53,7 @@ class ConfigSitesMixin:
             if arg.star or not isinstance(arg.value, (cst.Name, cst.Attribute, cst.Call)):
                 continue
             rec = self.p.ev_record(arg.value, scope)
-            if rec is not None and rec.kind == "call:GenerationConfig":
+            if rec is not None and rec.kind in ("call:GenerationConfig", "call:SamplingParams"):
                 for k, v in rec.fields.items():
                     kws.setdefault(k, v)
         for kw, key in names.items():
@@ -119,6 +120,8 @@ class ConfigSitesMixin:
                 continue
             if call not in [n for n in walk(self.main_loop)] and scope is self.loop_func:
                 continue
+            if scope is not None and re.search(r"eval|valid|(^|_)test", scope.name, re.I):
+                continue  # generation for evaluation (other lengths / temperatures) is not the rollout
             t = self.p.resolve_callee(call, scope)
             self.rollout_kwargs(call, scope, t[0] if t else None)
         # prompts per step: an explicit batch-size argument of the prompt sampler in the main loop
@@ -257,6 +260,12 @@ class ConfigSitesMixin:
             if lr is not None:
                 self.emit("optim.actor.lr", lr, "the DeepSpeed optimizer lr")
                 found = True
+            for k in ("eps", "betas"):
+                v = field(rec, "optimizer", "params", k)
+                if isinstance(v, Known) and isinstance(v.value, tuple):
+                    v = Known(list(v.value), v.line)
+                if v is not None:
+                    self.emit(f"optim.actor.{k}", v, f"the DeepSpeed optimizer {k}")
             wd = field(rec, "optimizer", "params", "weight_decay")
             if wd is not None:
                 self.emit("optim.actor.weight_decay", wd, "the DeepSpeed optimizer weight_decay")

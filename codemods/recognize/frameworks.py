@@ -214,14 +214,11 @@ class FrameworksMixin:
         a.warn(f"{self.loc(cfg.line)}: TRL's PPOConfig batch_size={bs_v!r}, mini_batch_size={mini_v!r} and "
                f"gradient_accumulation_steps={gas_v!r} count samples per process; the global rollout batch "
                "(batch_size x processes) and mini-batch (mini_batch_size x gradient_accumulation_steps x processes) "
-               "depend on the launch, so data.rollout_batch_size and algorithm.mini_batch_size are left out: set "
-               "them for the number of processes you train with")
-        if isinstance(mini_v, int):
-            if mini_default:
-                self.emit_default("algorithm.micro_batch_size", mini_v, f"{src}: mini_batch_size={mini_v} (per process)")
-            else:
-                self.emit("algorithm.micro_batch_size", Known(mini_v, mini.line), "mini_batch_size")
-        if trainer_call is not None and _kwarg(trainer_call, "optimizer") is not None:
+               "depend on the launch, so data.rollout_batch_size, algorithm.mini_batch_size and "
+               "algorithm.micro_batch_size (which must divide them) are left out: set them for the number of "
+               "processes you train with")
+        if trainer_call is not None and _kwarg(trainer_call, "optimizer") is not None and \
+                not self.none_by_default(_kwarg(trainer_call, "optimizer"), self.p.func_of(trainer_call)):
             pass  # the optimizer handed to PPOTrainer carries the learning rate (extract_optimizers)
         else:
             put("optim.actor.lr", "learning_rate")

@@ -194,7 +194,16 @@ class LoopsMixin:
                             "loop (gradient accumulation): its stride is the micro-batch size; "
                             "algorithm.mini_batch_size is left out")
             elif kind in ("range3", "split") and not mini_seen:
-                self.emit("algorithm.mini_batch_size", self.p.ev(node, sc), "the minibatch size")
+                stop = self.__dict__.get("range_stops", {}).get(id(node))
+                gated = self.gated_step(self.__dict__.get("range_loops", {}).get(id(node)), node, sc)  # values.py
+                if gated is not None:
+                    # the optimizer steps every N samples inside this loop: it slices micro-batches
+                    self.emit("algorithm.micro_batch_size", self.p.ev(node, sc), "the micro-batch size")
+                    self.emit("algorithm.mini_batch_size", gated, "the samples per optimizer step")
+                elif stop is not None and self.whole_batch_step(stop, node, sc):  # values.py
+                    self.emit("algorithm.mini_batch_size", Known(None, self.p.line(node)), "the minibatch size")
+                else:
+                    self.emit("algorithm.mini_batch_size", self.p.ev(node, sc), "the minibatch size")
                 mini_seen = True
             elif kind in ("range3", "split"):
                 # a strided loop inside the minibatch loop slices it into micro-batches (gradient
@@ -325,6 +334,8 @@ class LoopsMixin:
                         out.append(("range1", args[0], scope))
                     elif len(args) == 3:
                         out.append(("range3", args[2], scope))
+                        self.__dict__.setdefault("range_stops", {})[id(args[2])] = args[1]
+                        self.__dict__.setdefault("range_loops", {})[id(args[2])] = anc
                 elif isinstance(it, cst.Call) and _last(it.func) in ("split", "chunk") and it.args:
                     if _last(it.func) == "split":
                         out.append(("split", it.args[0].value, scope))

@@ -32,7 +32,8 @@ class PromptsMixin:
                 if got is not None:
                     found.append(got)
             elif last in ("tokenizer", "encode", "__call__", "batch_encode_plus", "encode_plus") or \
-                    (isinstance(call.func, cst.Name) and "tokenizer" in call.func.value.lower()):
+                    (isinstance(call.func, cst.Name) and ("tokenizer" in call.func.value.lower()
+                                                          or self._is_tokenizer(call.func.value, scope))):
                 got = self._truncation_bound(call, scope)
                 if got is not None:
                     found.append(got)
@@ -47,6 +48,10 @@ class PromptsMixin:
         elif len(values) > 1:
             self.a.warn("data.max_prompt_length is left out: the prompts are bounded in several places with "
                         "different lengths (" + ", ".join(f"{v} at {self.loc(ln)}" for v, ln, _ in found) + ")")
+
+    def _is_tokenizer(self, name: str, scope) -> bool:
+        exprs = [e for e in self.p.assignments_of(name, scope) if e is not None]
+        return bool(exprs) and all(isinstance(e, cst.Call) and "Tokenizer" in _code(e.func) for e in exprs)
 
     def _sliced_by_sampler(self, node: cst.Subscript, scope):
         """``tokenizer.encode(text)[: input_size()]`` / ``[:text_size]`` with a TRL LengthSampler."""

@@ -114,7 +114,7 @@ EXPECT = {
         "algorithm.kl.horizon": 10000, "algorithm.vf_coef": 0.1, "algorithm.lam": 0.95, "algorithm.gamma": 1,
         "algorithm.clip_ratio": 0.2, "algorithm.value_clip": 0.2, "optim.actor.lr": 1.41e-5,
         "data.max_response_length": 15, "rollout.top_p": 1.0,
-        "algorithm.micro_batch_size": 1, "model.actor.args.model_name_or_path": "./models/gpt2-imdb"},
+        "model.actor.args.model_name_or_path": "./models/gpt2-imdb"},
         {"optim.actor.lr": 8, "data.max_response_length": 22},
         [], ["LengthSampler(4, 16)", "save_pretrained", "TODO"],
         {"defaults": {"algorithm.ppo_epochs": "trl<=0.11 PPOConfig default: ppo_epochs=4",
@@ -129,7 +129,7 @@ EXPECT = {
          "unmapped": ["ScriptArguments.reward_threshold=0.5", "ScriptArguments.max_prompt_tokens=64"]}),
     # trainer-class method loop, self.ppo_trainer, gradient accumulation, adap_kl_ctrl=False
     "trl_runner_class": ("migrated", {
-        "algorithm.ppo_epochs": 2, "algorithm.micro_batch_size": 8,
+        "algorithm.ppo_epochs": 2,
         "algorithm.kl.coef": 0.1, "optim.actor.lr": 5e-6,
         "data.max_response_length": 48, "model.actor.args.model_name_or_path": "./models/opt-350m-sft"},
         {"algorithm.kl.coef": 14, "model.actor.args.model_name_or_path": 31}, [], [],
@@ -211,6 +211,29 @@ EXPECT = {
     "ray_actor_update": ("refused", {}, {}, ["Ray actor Learner", "ray_actor_update.py:7"], []),
     "pairwise_preference": ("refused", {}, {}, ["offline preference loss", "pairwise_preference.py:22"], []),
     "argmax_baseline": ("refused", {}, {}, ["greedy baseline", "`anchor`", "argmax_baseline.py:16"], []),
+    # --- where values come from (issue 23) ---
+    # hyphenated file name (a warning naming the module used), HfArgumentParser(OneClass)[0], an expression
+    # default, the policy wrapped in a value head after loading (never the hub-id reward classifier), a
+    # prompt LengthSampler slice, TRL's per-process batch sizes left out, torch Adam's weight decay 0
+    "detox-wrapped-valuehead": ("migrated", {
+        "algorithm.name": "ppo", "optim.actor.lr": 1e-5, "algorithm.ppo_epochs": 3, "algorithm.lam": 0.95,
+        "model.actor.args.model_name_or_path": "acme/tiny-chat-1b", "data.max_prompt_length": 32,
+        "data.max_response_length": 40, "rollout.top_k": 0, "rollout.top_p": 0.95, "trainer.save_every": 40,
+        "optim.actor.weight_decay": 0.0},
+        {"optim.actor.lr": 19, "model.actor.args.model_name_or_path": 18, "data.max_prompt_length": 48},
+        [], ["not an importable module name", "module 'detox_wrapped_valuehead'", "count samples per process"],
+        {"absent": ["data.rollout_batch_size", "algorithm.mini_batch_size", "algorithm.micro_batch_size"],
+         "defaults": {"optim.actor.weight_decay": "torch.optim.Adam default", "algorithm.kl.coef": "trl<=0.11"},
+         "unmapped": ["RunFlags.per_proc_batch=24"]}),
+    # everything built inside main(): `config` is first an AutoConfig, then the PPOConfig (the assignment
+    # that reaches PPOTrainer counts); the policy checkpoint flag has no default (to_fill, not a refusal);
+    # steps=400 / batch_size=16 -> total_ppo_epochs 25 caps the enumerate loop; save interval None = off
+    "medqa_required_model": ("migrated", {
+        "algorithm.name": "ppo", "algorithm.kl.coef": 0.05, "trainer.total_steps": 25,
+        "data.max_prompt_length": 384, "data.max_response_length": 96},
+        {"algorithm.kl.coef": 18, "data.max_prompt_length": 20},
+        [], ["comes from the command line (--base_ckpt", "trainer.total_steps=25 steps (`break`)"],
+        {"absent": ["model.actor.args.model_name_or_path", "trainer.save_every", "algorithm.kl.target"]}),
 }
 
 
@@ -245,7 +268,7 @@ def test_fixture(name):
         assert key in res.config, (key, res.config, res.warnings)
         assert res.config[key] == pytest.approx(value) if isinstance(value, float) else res.config[key] == value
         assert res.provenance[key].split(":")[0].endswith(".py") or \
-            res.provenance[key].startswith("trl<=0.11 PPOConfig default"), res.provenance[key]
+            res.provenance[key] == res.defaults_used.get(key, {}).get("from"), res.provenance[key]
     for key, line in lines.items():
         assert res.provenance[key] == f"{base}.py:{line}"
     for key, prefix in extra.get("provenance", {}).items():
@@ -263,7 +286,8 @@ def test_fixture(name):
     if status == "migrated":
         assert res.new_source == _read(f"{base}.py", "after")
         assert res.yaml_text == _read(f"{base}.yaml", "after").decode()
-        assert yaml.safe_load(res.yaml_text) == nest(res.config)
+        filled = {k: v["placeholder"] for k, v in res.to_fill.items()}  # the command line must give these
+        assert yaml.safe_load(res.yaml_text) == nest({**res.config, **filled})
         if extra.get("block"):
             # the loop ran at module level / in the __main__ block: the trainer call sits under the guard,
             # so importing the script (MegatronTrainer does, for the reward function) trains nothing
