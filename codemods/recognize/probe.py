@@ -232,6 +232,8 @@ class ProbeMixin:
                 ev = self.p.ev_param(info, nm) if info is not None and nm in info.params else None
                 if isinstance(ev, Known) and isinstance(ev.value, int) and not isinstance(ev.value, bool):
                     self.probe_group = (ev, nm)
+            if info is not None:
+                self.advantage_funcs = getattr(self, "advantage_funcs", set()) | {id(info.node)}
             stds = {c[1] for c, _ in hits}
             if len(stds) == 1:
                 c = hits[0][0]
