@@ -23,6 +23,8 @@ ROLE_NAMES = {
 }
 
 
+GROUP_KW_RE = re.compile(r"num_(answers?|samples|generations|responses|completions|rollouts)(_per_\w+)?|"
+                         r"group_size|n_samples|num_return_sequences|samples_per_prompt|n_per_prompt", re.I)
 SEED_CALLS = {"torch.manual_seed", "torch.random.manual_seed", "transformers.set_seed", "trl.set_seed",
               "accelerate.utils.set_seed", "lightning.seed_everything"}
 
@@ -49,6 +51,17 @@ class ValuesMixin:
                 if any(re.search(r"(^|_)eval", c, re.I) for c in called):
                     self.emit("trainer.eval_every", self.p.ev(m, scope), "the evaluation interval")
                     break
+        # responses per prompt, named at the rollout call in the loop body itself (an evaluation call
+        # elsewhere may pass another count to the same helper): rollout(..., num_answer_per_question=G)
+        if self.a.config.get("algorithm.name") in ("grpo", "rloo") and "algorithm.group_size" not in self.a.config:
+            for n in walk(loop.body):
+                if isinstance(n, cst.Call) and "gen" in self.call_tags(n):
+                    for arg in n.args:
+                        if arg.keyword is not None and GROUP_KW_RE.fullmatch(arg.keyword.value):
+                            v = self.p.ev(arg.value, scope)
+                            if isinstance(v, Known) and isinstance(v.value, int) and not isinstance(v.value, bool):
+                                self.emit("algorithm.group_size", v, "the group size")
+                                break
         # prompts per step: the DataLoader the loop iterates
         if isinstance(loop, cst.For):
             it = loop.iter
