@@ -237,10 +237,14 @@ class Program:
         self._index(self.module.body, None, None, self.module_assigns)
         self._calls_by_callee: Optional[dict[str, list]] = None
         self._args_record: Optional[Record] = None
+        # record kind -> fn(program, record, field, line) -> Ev: fields a framework's config object
+        # computes from the others (TRL's PPOConfig.total_ppo_epochs), set by the recogniser
+        self.derived_fields: dict = {}
         self._stack: set = set()
         self._value_uses: Optional[set] = None
         self.modules: list[cst.Module] = [self.module]
         self.local_modules: dict[str, "Program"] = {}  # module name -> its Program (same folder)
+        self.source_dir = source_dir
         if source_dir is not None and _depth < 2:
             self._load_local_modules(source_dir, _depth)
 
@@ -759,13 +763,41 @@ class Program:
             return None
         if isinstance(node, cst.Attribute):
             return self.ev_attr(node, scope)
+        if isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
+            # ``args.optimizer == "adam"``: a branch the defaults decide
+            left, right = self.ev(node.left, scope), self.ev(node.comparisons[0].comparator, scope)
+            if isinstance(left, Runtime):
+                return left
+            if isinstance(right, Runtime):
+                return right
+            if isinstance(left, Known) and isinstance(right, Known) and not isinstance(left.value, Record) \
+                    and not isinstance(right.value, Record):
+                op, x, y = node.comparisons[0].operator, left.value, right.value
+                try:
+                    if isinstance(op, cst.Equal):
+                        return Known(x == y, line)
+                    if isinstance(op, cst.NotEqual):
+                        return Known(x != y, line)
+                    if isinstance(op, cst.Is) and (x is None or y is None or isinstance(x, bool)):
+                        return Known(x is y, line)
+                    if isinstance(op, cst.IsNot) and (x is None or y is None or isinstance(x, bool)):
+                        return Known(x is not y, line)
+                except Exception:  # noqa: BLE001 - a comparison we cannot decide is not a value
+                    return None
+            return None
         if isinstance(node, cst.Subscript):
             if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
                 base_d = dotted(node.value)
                 if base_d and self._resolve_qual(node.value) in ("os.environ",):
                     return Runtime(f"{base_d}[...] is an environment variable", line)
+                idx_node = node.slice[0].slice.value
+                if isinstance(node.value, cst.Call) and isinstance(idx_node, cst.Integer):
+                    # ``parser.parse_args_into_dataclasses()[0]``, ``parse_args()[0]``
+                    got = self.ev_unpack(node.value, int(idx_node.value), scope)
+                    if got is not None:
+                        return got
                 rec = self.ev_record(node.value, scope)
-                k = self.ev(node.slice[0].slice.value, scope)
+                k = self.ev(idx_node, scope)
                 if rec is not None and isinstance(k, Known) and isinstance(k.value, str):
                     return self.record_field(rec, k.value, line)
             return None
@@ -810,13 +842,13 @@ class Program:
         cur = scope
         while cur is not None:
             if name in cur.assigns:
-                return self._combine_or_unpack(cur.assigns, name, cur)
+                return self._combine_or_unpack(cur.assigns, name, cur, line)
             if name in cur.params:
                 return self.ev_param(cur, name)
             cur = cur.parent
         globs = self.globals_of(scope)
         if name in globs:
-            return self._combine_or_unpack(globs, name, None)
+            return self._combine_or_unpack(globs, name, None, line)
         return None
 
     def globals_of(self, scope: Optional[FuncInfo]) -> dict:
@@ -827,23 +859,69 @@ class Program:
             return scope.module_globals
         return self.module_assigns
 
-    def _combine_or_unpack(self, assigns: dict, name: str, scope) -> Ev:
+    def _combine_or_unpack(self, assigns: dict, name: str, scope, use_line: int = 0) -> Ev:
         exprs = assigns[name]
         if exprs == [None] and (id(assigns), name) in self.unpacks:
             call, index = self.unpacks[(id(assigns), name)]
             return self.ev_unpack(call, index, scope)
         ev = self._combine(exprs, scope)
+        if ev is None and len(exprs) > 1 and use_line:
+            reaching = self._reaching(exprs, scope, use_line)
+            if reaching is not None:
+                ev = self.ev(reaching, scope)
         sets = self.item_sets.get((id(assigns), name))
         if sets and isinstance(ev, Known) and isinstance(ev.value, Record) and ev.value.kind == "dict":
             # ``gen_kwargs["max_new_tokens"] = 32`` after the dict literal: the later value wins
             ev = Known(Record("dict", {**ev.value.fields, **sets}, ev.value.line), ev.line)
         return ev
 
+    def _reaching(self, exprs: list, scope, use_line: int):
+        """The one assignment of several that reaches a use on *use_line* in straight-line code:
+        ``config = AutoConfig.from_pretrained(...)`` ... ``config = PPOConfig(...)`` ...
+        ``PPOTrainer(config, ...)`` reads the second. Only when the latest assignment before the use
+        is unconditional (directly in the function or module body, not in a branch, loop or try) and
+        no other assignment lies after it and before the use; otherwise None."""
+        if None in exprs:
+            return None
+        body_owner = scope.node if scope is not None else None
+        placed = []
+        for e in exprs:
+            ln = self.line(e)
+            if not ln or getattr(ln, "file", None) != getattr(use_line, "file", None):
+                return None
+            placed.append((int(ln), e))
+        before = [(ln, e) for ln, e in placed if ln < int(use_line)]
+        if not before:
+            return None
+        ln, e = max(before, key=lambda t: t[0])
+        for anc in self.ancestors(e):
+            if anc is body_owner or anc is self.module:
+                break
+            if isinstance(anc, cst.If) and "__main__" in _code_of(anc.test):
+                continue  # the script's main guard runs unconditionally
+            if isinstance(anc, _BRANCHING):
+                return None
+        # an assignment after the use inside a loop around the use may flow back to it
+        later = [e2 for ln2, e2 in placed if ln2 >= int(use_line)]
+        if later:
+            return None
+        return e
+
     def ev_unpack(self, call: cst.Call, index: int, scope) -> Ev:
         """``args, ppo_config = HfArgumentParser((ScriptArgs, PPOConfig)).parse_args_into_dataclasses()``:
-        the index-th dataclass of the parser (its defaults; the command line may override them)."""
+        the index-th dataclass of the parser (its defaults; the command line may override them).
+        ``args, accelerator = parse_args()`` with a helper of the program whose one ``return`` is a
+        tuple: the index-th element, evaluated in the helper."""
+        if not isinstance(call, cst.Call):
+            return None
         if not isinstance(call.func, cst.Attribute) or call.func.attr.value not in (
                 "parse_args_into_dataclasses", "parse_yaml_file", "parse_json_file", "parse_args_and_config"):
+            t = self.resolve_callee(call, scope)
+            if t is not None and t[1] == 0 and t[0].cls is None:
+                rets = [n for n in walk(t[0].node.body) if isinstance(n, cst.Return) and n.value is not None
+                        and self.func_of(n) is t[0]]
+                if len(rets) == 1 and isinstance(rets[0].value, cst.Tuple) and index < len(rets[0].value.elements):
+                    return self.ev(rets[0].value.elements[index].value, t[0])
             return None
         recv = call.func.value
         parsers = [recv] if isinstance(recv, cst.Call) else (
@@ -851,9 +929,14 @@ class Program:
         if len(parsers) != 1 or not isinstance(parsers[0], cst.Call) or not parsers[0].args:
             return None
         classes = parsers[0].args[0].value
-        if not isinstance(classes, (cst.Tuple, cst.List)) or index >= len(classes.elements):
+        if not isinstance(classes, (cst.Tuple, cst.List)):
+            if index != 0:
+                return None
+            cls = classes  # HfArgumentParser(ScriptArguments): one dataclass
+        elif index >= len(classes.elements):
             return None
-        cls = classes.elements[index].value
+        else:
+            cls = classes.elements[index].value
         line = self.line(call)
         if isinstance(cls, cst.Name) and cls.value in self.classes and _is_dataclass(self, self.classes[cls.value]):
             return Known(self.dataclass_record(self.classes[cls.value], None, None), line)
@@ -970,10 +1053,62 @@ class Program:
             return None
         rec = self.ev_record(base, scope)
         if rec is not None:
+            stored = self._stored_attr(rec, attr, line)
+            if stored is not _NOT_STORED:
+                return stored
             return self.record_field(rec, attr, line)
         return None
 
+    def attr_stores(self) -> dict:
+        """attr -> [(base name, value node | None, FuncInfo | None, line)] for ``x.attr = value``
+        anywhere in the program (``args.batch_size = args.micro * world_size`` after parsing)."""
+        cache = self.__dict__.get("_attr_stores")
+        if cache is not None:
+            return cache
+        out: dict = {}
+        for node in self.all_nodes():
+            if isinstance(node, cst.Assign):
+                targets, value = [t.target for t in node.targets], node.value
+            elif isinstance(node, cst.AnnAssign):
+                targets, value = [node.target], node.value
+            elif isinstance(node, cst.AugAssign):
+                targets, value = [node.target], None
+            else:
+                continue
+            for t in targets:
+                if isinstance(t, cst.Attribute) and isinstance(t.value, cst.Name) and t.value.value != "self":
+                    out.setdefault(t.attr.value, []).append((t.value.value, value, self.func_of(node), self.line(node)))
+        self.__dict__["_attr_stores"] = out
+        return out
+
+    def _stored_attr(self, rec: Record, attr: str, line: int):
+        """A field of a parsed-arguments / dataclass record that the program overwrites after building
+        it (``args.batch_size = ...``): the stored value when it is proven, else Runtime naming the
+        assignment; _NOT_STORED when nothing overwrites it. Never the record's own (stale) default."""
+        if rec.kind == "dict":
+            return _NOT_STORED
+        hits = []
+        for base, value, sc, ln in self.attr_stores().get(attr, []):
+            other = self.ev_record(cst.Name(base), sc)
+            if other is not None and other.kind == rec.kind and other.line == rec.line:
+                hits.append((value, sc, ln))
+        if not hits:
+            return _NOT_STORED
+        if len(hits) == 1 and hits[0][1] is not None or (len(hits) == 1 and hits[0][0] is not None):
+            value, sc, ln = hits[0]
+            if value is not None:
+                v = self.ev(value, sc)
+                if isinstance(v, Known):
+                    return v
+                return Runtime(f"{attr} is set at run time: {attr} = {_code_of(value)} (line {ln})", ln)
+        return Runtime(f"{attr} is reassigned {len(hits)} time(s) after the arguments are parsed (line "
+                       f"{hits[0][2]})", hits[0][2])
+
     def record_field(self, rec: Record, name: str, line: int) -> Ev:
+        if name not in rec.fields and rec.kind in self.derived_fields:
+            got = self.derived_fields[rec.kind](self, rec, name, line)
+            if got is not None:
+                return got
         if name not in rec.fields:
             if rec.missing == "runtime":
                 return Runtime(f"args.{name} is not given a default in this file; it comes from the command line", line)
@@ -999,6 +1134,13 @@ class Program:
                 except ValueError:
                     return None
             return v if isinstance(v, Runtime) else None
+        if isinstance(node.func, cst.Name) and node.func.value in ("Path", "str", "PurePath") and len(node.args) == 1 \
+                or qs & {"pathlib.Path", "os.fspath", "os.path.expanduser"} and len(node.args) == 1:
+            v = self.ev(node.args[0].value, scope)  # Path("x") is the path "x"
+            return v if isinstance(v, (Known, Runtime)) and (isinstance(v, Runtime) or isinstance(v.value, str)) \
+                else None
+        if qs & {"yaml.safe_load", "yaml.load", "yaml.full_load", "omegaconf.OmegaConf.load"} and node.args:
+            return self.ev_yaml(node.args[0].value, scope, line)
         if isinstance(node.func, cst.Name) and node.func.value == "len":
             return Runtime(f"len(...) at line {line} depends on the data", line)
         if isinstance(node.func, cst.Name) and node.func.value == "dict":
@@ -1021,7 +1163,7 @@ class Program:
                 return Known(self.dataclass_record(cdef, node, scope), line)
         # keyword-constructed config objects: PPOConfig(...), GRPOConfig(...), SimpleNamespace(...)
         name = q.rsplit(".", 1)[-1]
-        if name.endswith("Config") or name in ("SimpleNamespace", "Namespace", "EasyDict", "edict"):
+        if name.endswith("Config") or name in ("SimpleNamespace", "Namespace", "EasyDict", "edict", "SamplingParams"):
             fields = {}
             for a in node.args:
                 if a.keyword is not None:
@@ -1042,6 +1184,59 @@ class Program:
             if len(rets) == 1:
                 return self.ev(rets[0].value, t[0])
         return None
+
+    def ev_yaml(self, arg, scope, line) -> Ev:
+        """``yaml.safe_load(f)`` with ``with open(path) as f`` (or ``open(path)`` / a path for OmegaConf),
+        *path* a proven string naming a file of the project (``--config`` defaulting to "config.yaml"):
+        the file's mapping, each value with its own line in that file. The file is read, never run."""
+        import os
+
+        path_node = arg
+        if isinstance(arg, cst.Name):
+            path_node = None
+            for n, sc in self.nodes_of(cst.WithItem):
+                if sc is scope and n.asname is not None and isinstance(n.asname.name, cst.Name) \
+                        and n.asname.name.value == arg.value:
+                    path_node = n.item
+            if path_node is None:
+                return None
+        if isinstance(path_node, cst.Call) and (dotted(path_node.func) or "") in ("open", "io.open") and path_node.args:
+            path_node = path_node.args[0].value
+        p = self.ev(path_node, scope)
+        if isinstance(p, Runtime):
+            return p
+        if not (isinstance(p, Known) and isinstance(p.value, str)) or self.source_dir is None:
+            return None
+        full = p.value if os.path.isabs(p.value) else os.path.join(self.source_dir, p.value)
+        try:
+            import yaml
+
+            with open(full, "rb") as fh:
+                root = yaml.compose(fh)
+        except (OSError, ValueError, yaml.YAMLError):
+            return Runtime(f"the YAML file {p.value!r} the script loads is not readable here", line)
+        rel = os.path.relpath(full, self.source_dir).replace(os.sep, "/")
+
+        def conv(node):
+            if isinstance(node, yaml.MappingNode):
+                fields = {}
+                for k, v in node.value:
+                    if isinstance(k, yaml.ScalarNode):
+                        fields[k.value] = conv(v)
+                return Known(Record("dict", fields, Line(node.start_mark.line + 1, rel)), Line(node.start_mark.line + 1, rel))
+            try:
+                value = yaml.safe_load(yaml.serialize(node))
+            except yaml.YAMLError:
+                return None
+            if isinstance(value, list):
+                value = tuple(value)
+            return Known(value, Line(node.start_mark.line + 1, rel))
+
+        out = conv(root) if root is not None else None
+        if out is None or not isinstance(out.value, Record):
+            return None
+        self.__dict__.setdefault("yaml_files", set()).add(rel)
+        return out
 
     def dataclass_record(self, cdef: cst.ClassDef, call: Optional[cst.Call], scope) -> Record:
         fields: dict = {}
@@ -1129,6 +1324,17 @@ class Program:
                             fields.update(rec.fields)
         self._args_record = Record("args", fields, 0, missing="runtime")
         return self._args_record
+
+
+_NOT_STORED = object()
+
+
+def _code_of(node) -> str:
+    return cst.Module(body=[]).code_for_node(node).strip()
+
+
+_BRANCHING = tuple(t for t in (cst.If, cst.For, cst.While, cst.Try, getattr(cst, "TryStar", None), cst.FunctionDef,
+                                cst.ClassDef, cst.Lambda, cst.CompFor, getattr(cst, "Match", None)) if t is not None)
 
 
 def _same(a, b) -> bool:

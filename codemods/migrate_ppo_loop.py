@@ -68,14 +68,22 @@ class MigratePPOLoopCommand(VisitorBasedCodemodCommand):
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         filename = self.context.filename or "train_ppo.py"
         module_name = module_name_for(filename)
+        importable = module_name.isidentifier()
+        if not importable:
+            import re as _re
+
+            module_name = _re.sub(r"\W", "_", module_name)
+            if not module_name[:1].isalpha() and module_name[:1] != "_":
+                module_name = "_" + module_name
         source_dir = self.source_dir
         if source_dir is None and self.context.filename:
             source_dir = os.path.dirname(os.path.abspath(self.context.filename))
         prog = Program(tree, os.path.basename(filename), source_dir=source_dir, source=self.source)
         analysis = analyze(prog, module_name)
-        if analysis.status == "migrate" and not module_name.isidentifier():
-            analysis.refuse(f"the file name {os.path.basename(filename)!r} is not an importable module name; "
-                            "rename it (for example to train_ppo.py) so the config can reference its hooks")
+        if analysis.status == "migrate" and not importable:
+            analysis.warn(f"the file name {os.path.basename(filename)!r} is not an importable module name; the "
+                          f"config refers to its functions as module {module_name!r}: copy or rename the script "
+                          f"to {module_name}.py before training if the config names any of its hooks")
         self.analysis = analysis
         self.prog = prog
         if analysis.status == "refuse":
@@ -94,7 +102,11 @@ class MigratePPOLoopCommand(VisitorBasedCodemodCommand):
             from verl_bridge.migrate.writes import atomic_write
 
             target = os.path.join(os.path.dirname(os.path.abspath(self.context.filename)), self.config_rel)
-            atomic_write(target, render_yaml(analysis.config, analysis.provenance, os.path.basename(filename)).encode())
+            config, prov = dict(analysis.config), dict(analysis.provenance)
+            for key, info in analysis.to_fill.items():
+                config.setdefault(key, info["placeholder"])
+                prov.setdefault(key, f"TO FILL: the script takes {info['flag']} from the command line")
+            atomic_write(target, render_yaml(config, prov, os.path.basename(filename)).encode())
         return new
 
     def migrate(self, tree: cst.Module) -> cst.Module:

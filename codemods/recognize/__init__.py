@@ -15,6 +15,14 @@ the actor learning rate, and so on. One concern per module, each a mixin of :cla
 ``clip_loss``      the clipped ratio, value clip and loss coefficients
 ``logprob_roles``  which model produced a log-prob tensor: the frozen reference or the policy
 ``reward``         the reward function
+``probe``          the advantage estimator identified by running its extracted block on synthetic
+                   rewards in a sandboxed subprocess (fallback: the static recognisers)
+``policy_gradient`` an update with no ratio: on-policy (one optimizer step per rollout batch) is
+                   one PPO epoch; several steps per batch are refused
+``semantics``      warnings for what changes silently: LoRA/PEFT adapters, 4/8-bit loading, frozen or
+                   shared layers, reward whitening
+``refusals``       blockers named as such: Ray trainer actors, DPO-style preference losses, multi-turn
+                   tool-use episodes, replay buffers across steps, a greedy-decoding baseline
 ``frameworks``     TRL's legacy ``PPOTrainer.step`` loop with its version's defaults, framework
                    entry points that own the loop, gym environments (not an LLM loop)
 ``report``         the canonical keys left at defaults and the hyperparameters with no mapping
@@ -38,14 +46,22 @@ from .frameworks import FrameworksMixin
 from .kl import KLMixin
 from .logprob_roles import LogProbRolesMixin
 from .loops import LoopsMixin
+from .models import ModelsMixin
+from .prompts import PromptsMixin
+from .values import ValuesMixin
 from .report import ReportMixin
+from .policy_gradient import PolicyGradientMixin
+from .probe import ProbeMixin
+from .refusals import RefusalsMixin
 from .reward import RewardMixin
+from .semantics import SemanticsMixin
 
 __all__ = ["Analysis", "Recognizer", "analyze"]
 
 
-class Recognizer(LoopsMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLossMixin, LogProbRolesMixin,
-                 RewardMixin, FrameworksMixin, ReportMixin, RecognizerBase):
+class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin,
+                 ClipLossMixin, LogProbRolesMixin, RewardMixin, RefusalsMixin, ProbeMixin, PolicyGradientMixin,
+                 SemanticsMixin, FrameworksMixin, ReportMixin, RecognizerBase):
     def run(self) -> Analysis:
         a = self.a
         trainer_calls = [c for c, _ in self.calls if self.qn(c.func) & set(TRAINER_QNAMES)]
@@ -58,17 +74,16 @@ class Recognizer(LoopsMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLos
             return a
         if self.refuse_non_llm():
             return a
+        if self.refuse_blockers(main_loop):
+            return a
         if main_loop is None:
             return self.refuse_no_loop()
         self.main_loop = main_loop
         self.loop_func = self.p.func_of(main_loop)
         trl = "trl_step" in self.reach(main_loop)
         if not trl and not self.ratio_clips():
-            a.refuse(
-                f"{self.loc(self.p.line(main_loop))}: the loop generates and updates the model but has no "
-                "clipped probability ratio (torch.clamp(ratio, 1 - eps, 1 + eps)): it is not a PPO/GRPO loop "
-                "that can be mapped with certainty; if it is REINFORCE-style, write the PPO objective with a "
-                "clipped ratio first")
+            # no ratio: an on-policy policy gradient (one optimizer step per rollout batch) is PPO at one epoch
+            self.check_on_policy()
         self.find_entry_point()
         if trl:
             self.extract_trl()
@@ -91,9 +106,14 @@ class Recognizer(LoopsMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin, ClipLos
         if not trl:
             self.extract_rollout()
         self.extract_parallel()
+        self.extract_prompt_length()
+        self.extract_run_values()  # values.py: seed, evaluation interval, prompts per step
         self.extract_save()
         self.extract_hooks(trl)
         self.extract_reward()
+        self.warn_semantics()
+        if not trl:
+            self.probe_loss_agg()
         self.unsupported()
 
 

@@ -16,6 +16,18 @@ from .base import (ENTROPY_RE, GEN_RE, LOSS_RE, OLD_NAME_RE, OPTIMIZERS, REF_NAM
 MASK_RE = re.compile(r"done|terminal|mask|not_?done|nonterminal|(^|\W)1\s*-\s*\w", re.I)
 
 
+GAMMA_NAME_RE = re.compile(r"gamma|discount", re.I)
+LAM_NAME_RE = re.compile(r"lam|lmbda|lambd", re.I)
+
+
+def _last_name(node) -> str:
+    if isinstance(node, cst.Attribute):
+        return node.attr.value
+    if isinstance(node, cst.Name):
+        return node.value
+    return ""
+
+
 class AdvantagesMixin:
     # ------------------------------------------------------------------ advantages
     def extract_advantages(self) -> None:
@@ -30,7 +42,9 @@ class AdvantagesMixin:
             self.emit("algorithm.name", Known("ppo", gae[2] if gae else value_loss))
             if gae is not None:
                 self.emit("algorithm.gamma", gae[0], "the discount gamma")
-                if gae[1] is not None:
+                if len(gae) > 3:
+                    pass  # roles not bound by name: both left out (warned in find_gae)
+                elif gae[1] is not None:
                     self.emit("algorithm.lam", gae[1], "the GAE lambda")
                 else:
                     self.emit("algorithm.lam", Known(1.0, gae[2]))
@@ -38,7 +52,12 @@ class AdvantagesMixin:
                 a.refuse(f"{self.loc(group[1])}: the loop both group-normalises rewards and trains a critic "
                          f"({self.loc(gae[2] if gae else value_loss)}); cannot map it to one advantage estimator "
                          "with certainty; keep either the critic (PPO/GAE) or the group normalisation (GRPO)")
+        elif self._probed_estimator():
+            pass
         else:
+            note = getattr(self, "probe_note", None)
+            if note:
+                a.warn(f"advantages: the static recognisers decided alone ({note})")
             a.refuse(f"{self.loc(self.p.line(self.main_loop))}: cannot tell how advantages are computed (no GAE "
                      "recursion with a critic and no group-normalised rewards were found); compute them in the "
                      "script as `last = delta + gamma * lam * last` (PPO) or as rewards.view(-1, G) normalised by "
@@ -51,11 +70,39 @@ class AdvantagesMixin:
             else:
                 self.emit("algorithm.whiten_advantages", Known(False, self.p.line(self.main_loop)))
 
+    def _probed_estimator(self) -> bool:
+        """The estimator identified by running its block (recognize/probe.py); True when one was emitted."""
+        found = self.probe_advantages()
+        if found is None:
+            return False
+        name, std, line, detail = found
+        self.emit("algorithm.name", Known(name, line))
+        if name == "grpo" and std is not None:
+            self.emit("algorithm.norm_adv_by_std", Known(bool(std), line))
+        elif name == "grpo":
+            flag, node = getattr(self, "probe_flag", ("a flag", None))
+            self.a.unmapped.append(f"algorithm.norm_adv_by_std: `if {flag}:` at {self.loc(line)} decides at run time "
+                                   "whether the group advantages are divided by their std")
+        self.a.warn(f"advantages: identified by running the block at {self.loc(line)} on synthetic rewards in a "
+                    f"sandbox: {detail} ({name}{'' if name != 'grpo' or std is None else ', norm_adv_by_std ' + str(bool(std))})")
+        pg = getattr(self, "probe_group", None)
+        g = self._group_in(self.main_loop) if pg is None else None
+        if pg is not None:
+            # the block's input that acted as the group size when its output matched the estimator
+            self.emit("algorithm.group_size", pg[0], "the group size")
+        elif g is not None:
+            self.emit("algorithm.group_size", self.p.ev(g[0], g[1]), "the group size")
+        else:
+            self.a.warn("algorithm.group_size is left out: the number of responses per prompt was not found "
+                        "as a static value")
+        return True
+
     def find_gae(self):
         """(gamma Ev, lam Ev | None, line) from ``last = delta + g * l * [mask *] last`` and
         ``delta = r + g * v' [* mask] - v``. Done/terminal masks are not coefficients; a product
         whose coefficients cannot be told apart (``gl = gamma * lam`` precomputed) proves nothing."""
-        for node, info in self.func_nodes(cst.Assign):
+        # inside functions, or at module level / under `if __name__ == "__main__":` (info None)
+        for node, info in self.p.nodes_of(cst.Assign):
             if not isinstance(node, cst.Assign):
                 continue
             tnames = set()
@@ -81,10 +128,20 @@ class AdvantagesMixin:
                 consts = [f for f in rest if not MASK_RE.search(_code(f))]
                 gamma_node = self._gamma_in_delta(delta, info)
                 if len(consts) == 2:
+                    # roles are bound by name (gamma / lam) or by the discount inside delta, never by position
+                    g = None
                     if gamma_node is not None:
-                        g = next((c for c in consts if _code(c) == _code(gamma_node)), consts[0])
-                    else:
-                        g = consts[0]
+                        g = next((c for c in consts if _code(c) == _code(gamma_node)), None)
+                    if g is None:
+                        named = [c for c in consts if GAMMA_NAME_RE.search(_last_name(c))]
+                        lamed = [c for c in consts if LAM_NAME_RE.search(_last_name(c))]
+                        if len(named) == 1 and len(lamed) == 1 and named[0] is not lamed[0]:
+                            g = named[0]
+                    if g is None:
+                        self.a.warn(f"{self.loc(self.p.line(node))}: GAE recursion `{_code(node.value)}`: which "
+                                    "factor is gamma and which is lambda is not bound by name; algorithm.gamma and "
+                                    "algorithm.lam are left out")
+                        return (None, None, self.p.line(node), "unbound")
                     l = consts[1] if g is consts[0] else consts[0]
                     return (self.p.ev(g, info), self.p.ev(l, info), self.p.line(node))
                 if len(consts) == 1 and gamma_node is not None and _code(consts[0]) != _code(gamma_node):
@@ -96,11 +153,12 @@ class AdvantagesMixin:
 
     def _gamma_in_delta(self, delta, info):
         names = []
+        assigns = info.assigns if info is not None else self.p.module_assigns
         if isinstance(delta, cst.Name):
-            names = [e for e in info.assigns.get(delta.value, []) if e is not None]
+            names = [e for e in assigns.get(delta.value, []) if e is not None]
         elif isinstance(delta, cst.Subscript) and isinstance(delta.value, cst.Name):
-            names = [e for e in info.assigns.get(delta.value.value, []) if e is not None]
-            for n in walk(info.node.body):
+            names = [e for e in assigns.get(delta.value.value, []) if e is not None]
+            for n in walk(info.node.body if info is not None else self.p.module):
                 if isinstance(n, cst.Assign) and isinstance(n.targets[0].target, cst.Subscript) and _code(n.targets[0].target.value) == delta.value.value:
                     names.append(n.value)
         else:
@@ -221,14 +279,15 @@ class AdvantagesMixin:
         return None
 
     def find_whitening(self):
-        for node, info in self.func_nodes(cst.Assign, cst.Call):
+        for node, info in self.p.nodes_of(cst.Assign, cst.Call):
             if isinstance(node, cst.Assign) and isinstance(node.targets[0].target, cst.Name):
                 t = node.targets[0].target.value
                 code = _code(node.value).replace(" ", "")
                 if re.search(r"adv", t, re.I) and re.search(r"\.mean\(\)", code) and re.search(r"\.std\(\)", code):
                     return self.p.line(node)
-            if isinstance(node, cst.Call) and (_last(node.func) or "") in ("whiten", "masked_whiten"):
-                return self.p.line(node)
+            if isinstance(node, cst.Call) and (_last(node.func) or "") in ("whiten", "masked_whiten") and \
+                    not (node.args and re.search(r"reward|score", _code(node.args[0].value), re.I)):
+                return self.p.line(node)  # (whitening the rewards is not whitening the advantages)
             if isinstance(node, cst.Call) and any(re.search(r"adv", _code(a.value), re.I) for a in node.args):
                 # a helper of the program that returns (x - x.mean()) / (x.std() + eps), given advantages
                 t = self.p.resolve_callee(node, info)

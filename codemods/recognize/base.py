@@ -48,6 +48,8 @@ class Analysis:
     removed_defs: list = field(default_factory=list)  # module-body indexes of definitions that held the loop
     defaults_used: dict = field(default_factory=dict)
     unmapped: list = field(default_factory=list)
+    # key -> {"flag", "from", "placeholder"}: the command line must supply it (no default in the script)
+    to_fill: dict = field(default_factory=dict)
 
     def refuse(self, reason: str) -> "Analysis":
         self.status = "refuse"
@@ -119,6 +121,9 @@ class RecognizerBase:
         own = prog._own_parents
         # training loops live in the script itself, not in the local modules it imports
         self.loops = [n for n, _ in prog.nodes_of(cst.For, cst.While) if n in own]
+        # loops of the local modules it imports: followed when the script's own loops train nothing
+        # (the script builds a trainer object of a local class and calls its method: GRPO(...).train())
+        self.module_loops = [n for n, _ in prog.nodes_of(cst.For, cst.While) if n not in own]
         self._reach: dict = {}
         self.framework_defaults: dict = {}  # key -> where the default comes from
         self.framework_records: list = []  # (name, Record) of framework config objects
@@ -158,6 +163,11 @@ class RecognizerBase:
                 return
             if isinstance(ev.value, Record):
                 return
+            if ev.value is None and _none_not_allowed(key):
+                # ``save_freq: Optional[int] = None`` (no checkpoints): the key keeps verl-bridge's default
+                self.a.warn(f"{key} is left out: the script's value is None ({self.loc(ev.line)}), which "
+                            "switches the feature off there; verl-bridge's default applies")
+                return
             self.a.config.setdefault(key, ev.value)
             self.a.provenance.setdefault(key, self.loc(ev.line))
         elif isinstance(ev, Runtime):
@@ -168,6 +178,15 @@ class RecognizerBase:
 
 
 _MISSING = object()
+
+
+def _none_not_allowed(key: str) -> bool:
+    """The config contract has a non-None default for *key* (so None is not a value it takes)."""
+    try:
+        from .report import schema_default
+        return schema_default(key) is not None
+    except AttributeError:
+        return False
 
 
 def _factors(node) -> list:

@@ -49,10 +49,13 @@ class ClipLossMixin:
 
     # ------------------------------------------------------------------ loss coefficients
     def extract_loss_coefs(self) -> None:
-        for node, info in self.func_nodes(cst.Assign, cst.AugAssign, cst.Return):
+        # in functions and at module level / under the __main__ guard (info None)
+        for node, info in self.p.nodes_of(cst.Assign, cst.AugAssign, cst.Return):
             if not isinstance(node, (cst.Assign, cst.AugAssign, cst.Return)):
                 continue
             if isinstance(node, cst.Return):
+                if info is None:
+                    continue
                 if node.value is None or not LOSS_RE.search(info.name):
                     continue
                 tgt_code = info.name

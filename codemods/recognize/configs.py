@@ -44,8 +44,18 @@ class ConfigSitesMixin:
     def rollout_kwargs(self, call, scope, info: Optional[FuncInfo] = None) -> None:
         names = {"temperature": "rollout.temperature", "top_p": "rollout.top_p",
                  "max_new_tokens": "data.max_response_length", "max_response_length": "data.max_response_length",
-                 "response_length": "data.max_response_length", "max_gen_len": "data.max_response_length"}
+                 "response_length": "data.max_response_length", "max_gen_len": "data.max_response_length",
+                 "max_tokens": "data.max_response_length"}
         kws = self.call_kwargs(call, scope)
+        for arg in call.args:
+            # generate(model, queries, tokenizer, generation_config) / generate(..., generation_config=gc)
+            # with gc = GenerationConfig(max_new_tokens=..., temperature=...): its fields are the kwargs
+            if arg.star or not isinstance(arg.value, (cst.Name, cst.Attribute, cst.Call)):
+                continue
+            rec = self.p.ev_record(arg.value, scope)
+            if rec is not None and rec.kind in ("call:GenerationConfig", "call:SamplingParams"):
+                for k, v in rec.fields.items():
+                    kws.setdefault(k, v)
         for kw, key in names.items():
             if kw in kws and key == "data.max_response_length" and self._sampler_call(kws[kw]):
                 self.length_sampler(self._sampler_call(kws[kw]), call)
@@ -55,9 +65,12 @@ class ConfigSitesMixin:
                 self.emit(key, self.p.ev_param(info, kw), kw)
         if "top_k" in kws or (info is not None and "top_k" in info.params):
             v = self.kw_ev(kws, "top_k") if "top_k" in kws else self.p.ev_param(info, "top_k")
-            if isinstance(v, Known) and v.value not in (0, 0.0, None):
-                self.a.warn(f"{self.loc(v.line)}: top_k={v.value} sampling is not a contract key; set rollout.top_k "
-                            "by hand")
+            if isinstance(v, Known) and isinstance(v.value, (int, float)) and not isinstance(v.value, bool) \
+                    and float(v.value).is_integer() and v.value >= -1:
+                # rollout.top_k: 0 = off (HF's top_k=0 and vLLM's top_k=-1 both mean "no top-k")
+                self.emit("rollout.top_k", Known(max(int(v.value), 0), v.line), "top_k")
+            elif isinstance(v, Known) and v.value is not None:
+                self.a.warn(f"{self.loc(v.line)}: top_k={v.value!r} is not an integer; rollout.top_k is left out")
         sampler = kws.get("length_sampler")
         if sampler is not None and "data.max_response_length" not in self.a.config:
             self.length_sampler(sampler, call)
@@ -107,6 +120,8 @@ class ConfigSitesMixin:
                 continue
             if call not in [n for n in walk(self.main_loop)] and scope is self.loop_func:
                 continue
+            if scope is not None and re.search(r"eval|valid|(^|_)test", scope.name, re.I):
+                continue  # generation for evaluation (other lengths / temperatures) is not the rollout
             t = self.p.resolve_callee(call, scope)
             self.rollout_kwargs(call, scope, t[0] if t else None)
         # prompts per step: an explicit batch-size argument of the prompt sampler in the main loop
@@ -128,8 +143,16 @@ class ConfigSitesMixin:
         for call, scope in self.calls:
             last = _last(call.func) or ""
             qs = self.qn(call.func)
+            sub_opt = self.local_optimizer_base(call)  # values.py: class MyAdam(torch.optim.Adam)
+            if sub_opt is not None and not self.statically_dead(call, scope):
+                a.warn(f"{self.loc(self.p.line(call))}: the optimizer {last} is the script's own subclass of "
+                       f"{sub_opt[0]} (its own step()); MegatronTrainer uses its standard optimizer with the same "
+                       "lr / eps / weight decay")
+                last, qs = sub_opt
             is_opt = last in OPTIMIZERS and (any(q.startswith(("torch.optim", "apex", "deepspeed", "bitsandbytes", "transformers", "lion"))
                                                  for q in qs) or last in ("AdamW", "Adam", "FusedAdam"))
+            if is_opt and self.statically_dead(call, scope):
+                continue  # the branch the script's defaults never take (values.py)
             if is_opt:
                 params = _call_arg(call, 0, "params")
                 role = "critic" if params is not None and re.search(r"critic|value|vf", _code(params), re.I) else "actor"
@@ -142,6 +165,8 @@ class ConfigSitesMixin:
                 if role == "actor":
                     found_actor = True
                     self.check_lr_constants(lr, scope)
+                    self.optimizer_defaults(call, scope, last, qs, wd)
+                    self.shared_value_head_lr(params, scope, lr)  # values.py
             elif last == "OptimizerConfig":
                 for kw, key in (("lr", "optim.actor.lr"), ("weight_decay", "optim.actor.weight_decay"),
                                 ("clip_grad", "optim.actor.clip_grad")):
@@ -184,6 +209,30 @@ class ConfigSitesMixin:
             found_actor = self.deepspeed_config()
         if not found_actor and not trl:
             a.warn("no optimizer construction was found; optim.actor.lr is left out")
+        if found_actor and not trl:
+            self.no_clipping_default()  # values.py
+
+    # torch.optim's defaults (torch/optim/adam.py, adamw.py): what an optimizer built without the keyword uses
+    TORCH_OPTIM_DEFAULTS = {"Adam": {"weight_decay": 0.0, "eps": 1e-8, "betas": [0.9, 0.999]},
+                            "AdamW": {"weight_decay": 0.01, "eps": 1e-8, "betas": [0.9, 0.999]}}
+
+    def optimizer_defaults(self, call, scope, last: str, qs: set, wd) -> None:
+        """eps / betas given to the actor's optimizer, and torch's default weight decay when it is not
+        given (``torch.optim.AdamW(params, lr)`` decays by 0.01, ``Adam`` by 0)."""
+        for kw, key in (("eps", "optim.actor.eps"), ("betas", "optim.actor.betas")):
+            v = _kwarg(call, kw)
+            if v is None:
+                continue
+            ev = self.p.ev(v, scope)
+            if isinstance(ev, Known) and isinstance(ev.value, tuple):
+                ev = Known(list(ev.value), ev.line)
+            self.emit(key, ev, kw)
+        torch_opt = any(q in (f"torch.optim.{last}", f"torch.optim.{last.lower()}.{last}") or q == f"optim.{last}"
+                        for q in qs)
+        if wd is None and torch_opt and last in self.TORCH_OPTIM_DEFAULTS and not any(
+                a.keyword is None and not a.star for a in call.args[3:]):
+            d = self.TORCH_OPTIM_DEFAULTS[last]["weight_decay"]
+            self.emit_default("optim.actor.weight_decay", d, f"torch.optim.{last} default: weight_decay={d}")
 
     def deepspeed_config(self) -> bool:
         """``deepspeed.initialize(config=ds_config, ...)`` with the optimizer in the DeepSpeed config dict:
@@ -211,6 +260,12 @@ class ConfigSitesMixin:
             if lr is not None:
                 self.emit("optim.actor.lr", lr, "the DeepSpeed optimizer lr")
                 found = True
+            for k in ("eps", "betas"):
+                v = field(rec, "optimizer", "params", k)
+                if isinstance(v, Known) and isinstance(v.value, tuple):
+                    v = Known(list(v.value), v.line)
+                if v is not None:
+                    self.emit(f"optim.actor.{k}", v, f"the DeepSpeed optimizer {k}")
             wd = field(rec, "optimizer", "params", "weight_decay")
             if wd is not None:
                 self.emit("optim.actor.weight_decay", wd, "the DeepSpeed optimizer weight_decay")
@@ -310,14 +365,7 @@ class ConfigSitesMixin:
             node = next(s for s in self.p.module.body if isinstance(s, cst.FunctionDef) and s.name.value == provider)
             self.emit("model.actor.args.model_provider", Known(f"{mod}:{provider}", self.p.line(node)))
         else:
-            name = a.config.pop("_model_name", None)
-            path = name or self._from_pretrained_path()
-            if path is not None:
-                self.emit("model.actor.args.model_name_or_path", Known(path[0], path[1]))
-                if not path[0].startswith(("/", ".")):
-                    a.warn(f"model.actor.args.model_name_or_path={path[0]!r} looks like a Hub id; MegatronTrainer "
-                           "expects a local Hugging Face directory, download it first")
-            else:
+            if not self.emit_actor_model():  # models.py: the actor's name, a hub id or a flag to fill
                 a.refuse(f"{self.loc(self.p.line(self.main_loop))}: no model_provider() function and no static "
                          "model path (from_pretrained('<local dir>')) were found: the model is built inline; move "
                          "its construction into a top-level model_provider(pre_process=True, post_process=True) "

@@ -180,6 +180,7 @@ class FrameworksMixin:
             return
         self.framework_records.append(("PPOConfig", cfg))
         src = TRL_LEGACY_SOURCE
+        self.p.derived_fields[cfg.kind] = _trl_derived
 
         def val(k):
             if k in cfg.fields:
@@ -202,26 +203,22 @@ class FrameworksMixin:
         put("algorithm.ppo_epochs", "ppo_epochs")
         put("algorithm.gamma", "gamma")
         put("algorithm.lam", "lam")
-        put("data.rollout_batch_size", "batch_size")
+        # TRL's batch_size and mini_batch_size count samples PER PROCESS (accelerate): the global rollout
+        # batch is batch_size * the number of processes, known only at launch. Never a global value here.
+        bs, bs_default = val("batch_size")
         mini, mini_default = val("mini_batch_size")
         gas, gas_default = val("gradient_accumulation_steps")
         mini_v = mini if mini_default else (mini.value if isinstance(mini, Known) else None)
         gas_v = gas if gas_default else (gas.value if isinstance(gas, Known) else None)
-        if isinstance(mini_v, int) and isinstance(gas_v, int):
-            where = mini.line if not mini_default else (gas.line if not gas_default else None)
-            if where is None:
-                self.emit_default("algorithm.mini_batch_size", mini_v * gas_v,
-                                  f"{src}: mini_batch_size={mini_v} * gradient_accumulation_steps={gas_v}")
-                self.emit_default("algorithm.micro_batch_size", mini_v, f"{src}: mini_batch_size={mini_v}")
-            else:
-                self.emit("algorithm.mini_batch_size", Known(mini_v * gas_v, where), "mini_batch_size")
-                if mini_default:
-                    self.emit_default("algorithm.micro_batch_size", mini_v, f"{src}: mini_batch_size={mini_v}")
-                else:
-                    self.emit("algorithm.micro_batch_size", Known(mini_v, mini.line), "mini_batch_size")
-        else:
-            self.emit("algorithm.mini_batch_size", mini if not mini_default else None, "mini_batch_size")
-        if trainer_call is not None and _kwarg(trainer_call, "optimizer") is not None:
+        bs_v = bs if bs_default else (bs.value if isinstance(bs, Known) else None)
+        a.warn(f"{self.loc(cfg.line)}: TRL's PPOConfig batch_size={bs_v!r}, mini_batch_size={mini_v!r} and "
+               f"gradient_accumulation_steps={gas_v!r} count samples per process; the global rollout batch "
+               "(batch_size x processes) and mini-batch (mini_batch_size x gradient_accumulation_steps x processes) "
+               "depend on the launch, so data.rollout_batch_size, algorithm.mini_batch_size and "
+               "algorithm.micro_batch_size (which must divide them) are left out: set them for the number of "
+               "processes you train with")
+        if trainer_call is not None and _kwarg(trainer_call, "optimizer") is not None and \
+                not self.none_by_default(_kwarg(trainer_call, "optimizer"), self.p.func_of(trainer_call)):
             pass  # the optimizer handed to PPOTrainer carries the learning rate (extract_optimizers)
         else:
             put("optim.actor.lr", "learning_rate")
@@ -289,11 +286,35 @@ class FrameworksMixin:
         loop = self.main_loop
         inner = any(isinstance(n, (cst.For, cst.While)) and "trl_step" in self.reach(n)
                     for n in walk(loop.body) if n is not loop)
-        if inner or not (isinstance(loop, cst.For) and isinstance(loop.iter, cst.Call) and _last(loop.iter.func) == "range"):
+        cap = None if inner else self.step_cap(loop, self.loop_func)
+        if cap is not None:
+            self.emit("trainer.total_steps", cap, "the step limit")
+            self.a.warn(f"{self.loc(self.p.line(loop))}: the loop stops after trainer.total_steps={cap.value} steps "
+                        "(`break`), or earlier when the data runs out")
+        elif inner or not (isinstance(loop, cst.For) and isinstance(loop.iter, cst.Call) and _last(loop.iter.func) == "range"):
             a.warn(f"{self.loc(self.p.line(loop))}: trainer.total_steps is left out: the number of steps depends "
                    "on the size of the dataset")
         else:
             self.emit("trainer.total_steps", self.loop_count(loop, self.loop_func), "the number of training steps")
+
+
+def _trl_derived(prog, rec: Record, name: str, line: int):
+    """Fields the legacy PPOConfig computes in ``__post_init__`` (trl/trainer/ppo_config.py):
+    ``total_ppo_epochs = int(np.ceil(steps / batch_size))``, ``backward_batch_size``."""
+    import math
+
+    def get(k):
+        if k in rec.fields:
+            v = prog.record_field(rec, k, line)
+            return v.value if isinstance(v, Known) else v
+        return TRL_LEGACY_PPO_DEFAULTS[k]
+
+    if name == "total_ppo_epochs":
+        steps, bs = get("steps"), get("batch_size")
+        if isinstance(steps, int) and isinstance(bs, int) and bs > 0:
+            return Known(int(math.ceil(steps / bs)), line)
+        return steps if isinstance(steps, Runtime) else (bs if isinstance(bs, Runtime) else None)
+    return None
 
 
 # huggingface/trl, trl/trainer/ppo_config.py at commit 008c2a6a (the legacy PPOConfig dataclass that

@@ -70,8 +70,22 @@ class LoopsMixin:
         return isinstance(ev, Known) and bool(ev.value)
 
     def find_main_loop(self):
+        loop = self._find_main_loop(self.loops)
+        if loop is None and getattr(self, "module_loops", None):
+            # a loop in a method of a local module's class, reached from this script's top level
+            loop = self._find_main_loop(self.module_loops)
+            if loop is not None:
+                func = self.p.func_of(loop)
+                if func is None or not any(self._stmt_reaches(st, {func.node}) for st in self.p.module.body
+                                           if not isinstance(st, (cst.FunctionDef, cst.ClassDef))) and \
+                        not any(self._stmt_reaches(st, {func.node}) for st in self.p.module.body
+                                if isinstance(st, cst.FunctionDef)):
+                    return None
+        return loop
+
+    def _find_main_loop(self, loops):
         cands = []
-        for loop in self.loops:
+        for loop in loops:
             tags = self.reach(loop)
             if ("gen" in tags and "backward" in tags) or "trl_step" in tags:
                 cands.append(loop)
@@ -161,19 +175,100 @@ class LoopsMixin:
                    "whose length is known only at run time")
         # path from the main loop to the backward call: epochs and minibatch loops
         path = self.path_to_backward(loop.body, scope, set())
-        if path is None:
+        if path is None or getattr(self, "on_policy", None):
+            # on-policy PG: loops around backward() accumulate gradients of one step (policy_gradient.py)
             return
         epochs_set = False
+        mini_seen = False
         for kind, node, sc in path:
             if kind == "range1" and not epochs_set:
                 self.emit("algorithm.ppo_epochs", self.p.ev(node, sc), "the number of PPO epochs")
                 epochs_set = True
-            elif kind == "range3":
-                self.emit("algorithm.mini_batch_size", self.p.ev(node, sc), "the minibatch size")
-            elif kind == "split":
-                self.emit("algorithm.mini_batch_size", self.p.ev(node, sc), "the minibatch size")
+            elif kind in ("range3", "split") and not mini_seen and not self._steps_every_iteration(node):
+                # backward() in every iteration but the optimizer steps only under a condition
+                # (`if n % k == 0: optimizer.step()`) or after the loop: gradient accumulation over
+                # micro-batches; the minibatch is several of them (left out unless proven)
+                self.emit("algorithm.micro_batch_size", self.p.ev(node, sc), "the micro-batch size")
+                mini_seen = True
+                self.a.warn(f"{self.loc(self.p.line(node))}: the optimizer does not step in every iteration of this "
+                            "loop (gradient accumulation): its stride is the micro-batch size; "
+                            "algorithm.mini_batch_size is left out")
+            elif kind in ("range3", "split") and not mini_seen:
+                stop = self.__dict__.get("range_stops", {}).get(id(node))
+                gated = self.gated_step(self.__dict__.get("range_loops", {}).get(id(node)), node, sc)  # values.py
+                if gated is not None:
+                    # the optimizer steps every N samples inside this loop: it slices micro-batches
+                    self.emit("algorithm.micro_batch_size", self.p.ev(node, sc), "the micro-batch size")
+                    self.emit("algorithm.mini_batch_size", gated, "the samples per optimizer step")
+                elif stop is not None and self.whole_batch_step(stop, node, sc):  # values.py
+                    self.emit("algorithm.mini_batch_size", Known(None, self.p.line(node)), "the minibatch size")
+                else:
+                    self.emit("algorithm.mini_batch_size", self.p.ev(node, sc), "the minibatch size")
+                mini_seen = True
+            elif kind in ("range3", "split"):
+                # a strided loop inside the minibatch loop slices it into micro-batches (gradient
+                # accumulation): its step is the micro-batch size, never the minibatch size
+                self.emit("algorithm.micro_batch_size", self.p.ev(node, sc), "the micro-batch size")
         if not epochs_set:
             self.emit("algorithm.ppo_epochs", Known(1, self.p.line(loop)))
+
+    def _steps_every_iteration(self, count_node) -> bool:
+        """Whether an optimizer ``.step()`` runs unconditionally in each iteration of the loop whose
+        count is *count_node* (directly or through a function it calls)."""
+        loop = next((a for a in self.p.ancestors(count_node) if isinstance(a, cst.For)), None)
+        if loop is None or not hasattr(self, "optimizer_steps"):
+            return True
+        for call, region in self.optimizer_steps(self.main_loop):
+            anchor = call
+            if not any(x is loop for x in self.p.ancestors(call)):
+                # a step in a function called from the loop: look at the call site instead
+                f = self.p.func_of(call)
+                sites = [c for c, _, _ in self.p.calls_by_callee().get(f.qual, [])] if f is not None else []
+                sites = [c for c in sites if any(x is loop for x in self.p.ancestors(c))]
+                if not sites:
+                    continue
+                anchor = sites[0]
+            guarded = False
+            for anc in self.p.ancestors(anchor):
+                if anc is loop:
+                    break
+                if isinstance(anc, cst.If):
+                    guarded = True
+            if not guarded:
+                return True
+        return False
+
+    def step_cap(self, loop, scope):
+        """``for step, batch in enumerate(loader): if step >= n: break`` as the loop's first statement:
+        at most n steps (``>``: n + 1). None when there is no such cap."""
+        if not (isinstance(loop, cst.For) and isinstance(loop.iter, cst.Call)):
+            return None
+        it = loop.iter
+        if _last(it.func) in ("tqdm",) and it.args and isinstance(it.args[0].value, cst.Call):
+            it = it.args[0].value
+        if _last(it.func) != "enumerate" or len(it.args) != 1 or not isinstance(loop.target, cst.Tuple) or \
+                not isinstance(loop.target.elements[0].value, cst.Name):
+            return None
+        counter = loop.target.elements[0].value.value
+        body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else []
+        if not body or not isinstance(body[0], cst.If) or body[0].orelse is not None:
+            return None
+        test, inner = body[0].test, body[0].body.body
+        if not (len(inner) == 1 and isinstance(inner[0], cst.SimpleStatementLine)
+                and isinstance(inner[0].body[0], cst.Break)):
+            return None
+        if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and isinstance(test.left, cst.Name)
+                and test.left.value == counter):
+            return None
+        op = test.comparisons[0].operator
+        n = self.p.ev(test.comparisons[0].comparator, scope)
+        if not (isinstance(n, Known) and isinstance(n.value, int) and not isinstance(n.value, bool)):
+            return n if isinstance(n, Runtime) else None
+        if isinstance(op, cst.GreaterThanEqual):
+            return n
+        if isinstance(op, cst.GreaterThan):
+            return Known(n.value + 1, n.line)
+        return None
 
     def loop_count(self, loop, scope):
         if isinstance(loop, cst.For):
@@ -239,6 +334,8 @@ class LoopsMixin:
                         out.append(("range1", args[0], scope))
                     elif len(args) == 3:
                         out.append(("range3", args[2], scope))
+                        self.__dict__.setdefault("range_stops", {})[id(args[2])] = args[1]
+                        self.__dict__.setdefault("range_loops", {})[id(args[2])] = anc
                 elif isinstance(it, cst.Call) and _last(it.func) in ("split", "chunk") and it.args:
                     if _last(it.func) == "split":
                         out.append(("split", it.args[0].value, scope))
@@ -398,7 +495,9 @@ def _is_literal(node) -> bool:
 
 
 def _loads(stmt) -> set:
-    return {n.value for n in walk(stmt) if isinstance(n, cst.Name)}
+    # an import reads no variable of the file (`from learner import X` does not need a variable `learner`)
+    skip = {id(x) for n in walk(stmt) if isinstance(n, (cst.Import, cst.ImportFrom)) for x in walk(n)}
+    return {n.value for n in walk(stmt) if isinstance(n, cst.Name) and id(n) not in skip}
 
 
 def _binds(stmt) -> set:

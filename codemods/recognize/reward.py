@@ -52,7 +52,9 @@ class RewardMixin:
                         target = self.p.resolve_callee(n, sc)
                         if target is not None and target[0].cls is None and target[0].parent is None:
                             top_level.append((target[0], n))
-        fns = {f.qual: (f, n) for f, n in top_level}
+        # the function that turns rewards into advantages (found by the probe) is not the reward
+        adv_funcs = getattr(self, "advantage_funcs", set())
+        fns = {f.qual: (f, n) for f, n in top_level if id(f.node) not in adv_funcs}
         if len(fns) > 1:
             # reward helpers calling each other: keep the outermost one
             called = set()
@@ -62,6 +64,19 @@ class RewardMixin:
             fns = {q: v for q, v in fns.items() if q not in called}
         if len(fns) == 1 and not inner:
             f, n = next(iter(fns.values()))
+            model_param = next((p for p in f.params if re.search(r"(^|_)(model|backbone|rm|critic|classifier|"
+                                                                  r"reward_model|scorer|pipe|pipeline)($|_)", p, re.I)),
+                               None)
+            if model_param is None:
+                # by behaviour: the call site hands it a model object that it runs (clf(input_ids=...))
+                model_param = self._model_passed(f, n)
+            if model_param is not None:
+                # get_reward(model, query_responses, tokenizer): a reward MODEL's forward, not a function of text
+                a.warn(f"the reward helper {f.name}() ({self.loc(self.p.line(f.node))}) takes a model "
+                       f"({model_param}): it is a reward model, not a reward function; model.reward.args.path is "
+                       "left out. If it is a Hugging Face sequence classifier, set model.reward: {type: model, args: "
+                       "{model_name_or_path: <dir>}}; otherwise write reward_fn(response_text, ground_truth) -> float")
+                return
             self.emit("model.reward.type", Known("function", self.p.line(f.node)))
             self.emit("model.reward.args.path", Known(f"{self.module_name}:{f.name}", self.p.line(f.node)))
             nparams = len([p for p in f.params.values() if p[1].star not in ("*", "**") and p[1].default is None])
@@ -80,3 +95,46 @@ class RewardMixin:
         a.warn(f"the reward ({what}, {self.loc(self.p.line(where))}) is built inside the training code, not a plain "
                "top-level function; model.reward.args.path is left out and a TODO was added")
 
+
+    def _model_passed(self, f, site):
+        """The parameter of *f* that a call site binds to a model object (built by ``from_pretrained``, a
+        ``*Model*`` class or an ``nn.Module`` subclass of the project) and that *f* runs (calls it or a
+        method of it); None when there is none. Decided by the call sites, not by the parameter's name."""
+        called = set()
+        for n in walk(f.node.body):
+            if isinstance(n, cst.Call):
+                root = n.func
+                while isinstance(root, cst.Attribute):
+                    root = root.value
+                if isinstance(root, cst.Name):
+                    called.add(root.value)
+        names = sorted(f.params, key=lambda k: f.params[k][0])
+        sites = ([site] if isinstance(site, cst.Call) else []) + \
+            [c for c, _, _ in self.p.calls_by_callee().get(f.qual, []) if c is not site]
+        for call in sites:
+            scope = self.p.func_of(call)
+            pos = 0
+            for arg in call.args:
+                if arg.keyword is not None:
+                    pname = arg.keyword.value
+                elif arg.star:
+                    break
+                else:
+                    pname = names[pos] if pos < len(names) else None
+                    pos += 1
+                if pname is None or pname not in called:
+                    continue
+                exprs = [arg.value]
+                if isinstance(arg.value, cst.Name):
+                    exprs += [e for e in self.p.assignments_of(arg.value.value, scope) if e is not None]
+                    exprs += [m.value for m, _ in self.p.nodes_of(cst.AnnAssign) if m.value is not None
+                              and isinstance(m.target, cst.Name) and m.target.value == arg.value.value]
+                for e in exprs:
+                    for c in walk(e):
+                        if isinstance(c, cst.Call):
+                            last = _last(c.func) or ""
+                            cls = self.p.classes.get(last)
+                            if last == "from_pretrained" or "Model" in last or (cls is not None and any(
+                                    re.search(r"Module|Model", _code(b.value)) for b in cls.bases)):
+                                return pname
+        return None

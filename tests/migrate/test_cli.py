@@ -55,7 +55,7 @@ def test_refused_and_error_untouched(tmp_path, capsys):
     rc, out = _run(["--write", "--report", "json", str(refused)], capsys)
     assert rc == 1
     rep = json.loads(out)["files"][0]
-    assert set(rep) == {"path", "status", "reasons", "warnings", "config", "provenance", "defaults_used", "unmapped"}
+    assert set(rep) == {"path", "status", "reasons", "warnings", "config", "provenance", "defaults_used", "unmapped", "to_fill"}
     assert rep["status"] == "refused" and rep["reasons"]
     rc, out = _run(["--write", "--report", "json", str(refused), str(broken)], capsys)
     assert rc == 2
@@ -100,3 +100,26 @@ def test_libcst_tool_entry(tmp_path):
     assert r.returncode == 0, r.stderr
     assert p.read_bytes() == open(os.path.join(FIX, "after", "grpo_k3.py"), "rb").read()
     assert (tmp_path / "grpo_k3.yaml").exists()
+
+
+def test_required_flag_is_a_placeholder_that_validate_names(tmp_path, capsys):
+    """A model the script takes from a flag with no default migrates: the report lists it under
+    to_fill with the flag's name, the YAML holds a placeholder, and `verl-bridge validate` refuses
+    the placeholder by key and flag until it is given (the printed fix, key=VALUE, then passes)."""
+    p = _copy(tmp_path, "medqa_required_model")
+    rc, out = _run(["--write", "--report", "json", str(p)], capsys)
+    rep = json.loads(out)["files"][0]
+    assert rc == 0 and rep["status"] == "migrated", rep["reasons"]
+    assert "model.actor.args.model_name_or_path" not in rep["config"]
+    fill = rep["to_fill"]["model.actor.args.model_name_or_path"]
+    assert fill["flag"] == "--base_ckpt" and fill["placeholder"] == "<fill: --base_ckpt>"
+    yml = str(tmp_path / "medqa_required_model.yaml")
+    assert "'<fill: --base_ckpt>'" in open(yml).read()
+    rc = cli_main(["validate", yml])
+    err = capsys.readouterr()
+    text = err.out + err.err
+    assert rc == 2, text
+    assert "model.actor.args.model_name_or_path: placeholder '<fill: --base_ckpt>'" in text
+    assert "pass model.actor.args.model_name_or_path=VALUE" in text
+    # the printed fix: give the value (a hub id is accepted as it is)
+    assert cli_main(["validate", yml, "model.actor.args.model_name_or_path=acme/notes-7b"]) == 0

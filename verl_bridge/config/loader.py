@@ -183,6 +183,37 @@ def apply_defaults(cfg: Config) -> Config:
     return cfg
 
 
+# ``verl-bridge migrate`` writes this for a value the original script took from the command line
+# with no default (``--model_name`` required): the key is there, the value is the user's to give.
+PLACEHOLDER_PREFIX = "<fill: "
+
+
+def is_placeholder(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith(PLACEHOLDER_PREFIX) and value.endswith(">")
+
+
+def placeholders(data: Any, prefix: str = "") -> list[str]:
+    """One problem per placeholder left in *data* (nested dicts), naming the key and what to set."""
+    out: list[str] = []
+    if isinstance(data, dict):
+        for k, v in data.items():
+            key = f"{prefix}{k}"
+            if isinstance(v, dict):
+                out += placeholders(v, key + ".")
+            elif is_placeholder(v):
+                what = v[len(PLACEHOLDER_PREFIX):-1]
+                out.append(f"{key}: placeholder {v!r} written by `verl-bridge migrate`: the original script takes "
+                           f"this value from the command line ({what}) with no default; set it in the YAML or "
+                           f"pass {key}=VALUE")
+    return out
+
+
+def _without_placeholders(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _without_placeholders(v) for k, v in data.items() if not is_placeholder(v)}
+    return data
+
+
 def load_config(
     path: Union[str, os.PathLike, dict, Config, None] = None,
     overrides: Optional[list[str]] = None,
@@ -213,7 +244,9 @@ def load_config(
         data = read_yaml(source)
         source_dir = os.path.dirname(os.path.abspath(source))
     data = apply_overrides(data, overrides or [])
-    structural: list[str] = []
+    structural: list[str] = placeholders(data)
+    if structural:  # a placeholder is not a value of the key's type: name it, not its type
+        data = _without_placeholders(data)
     cfg = apply_defaults(_build(Config, data, "", structural))
     cfg.source_dir = source_dir
     if world_size is None:

@@ -95,5 +95,8 @@ def _print_text(r, write: bool) -> None:
                 f"{k}={v['value']!r} ({v['from']})" for k, v in r.defaults_used.items()))
         for u in r.unmapped:
             click.echo(f"  unmapped (no config key takes it): {u}")
+        for k, info in r.to_fill.items():
+            click.echo(f"  to fill: {k} (the script takes {info['flag']} from the command line, {info['from']}; "
+                       f"the YAML has {info['placeholder']!r})")
     if r.status == "migrated" and not write:
         click.echo("  dry run: nothing written; add --write to apply")

@@ -24,7 +24,7 @@ from verl_bridge.migrate.writes import atomic_write
 from verl_bridge.migrate.yamlout import nest, render_yaml
 
 CONFLICT_RE = re.compile(rb"^(<<<<<<<|=======|>>>>>>>)( |$|\r?\n)", re.M)
-REPORT_KEYS = ("path", "status", "reasons", "warnings", "config", "provenance", "defaults_used", "unmapped")
+REPORT_KEYS = ("path", "status", "reasons", "warnings", "config", "provenance", "defaults_used", "unmapped", "to_fill")
 
 
 @dataclass
@@ -37,6 +37,9 @@ class FileResult:
     provenance: dict = field(default_factory=dict)
     defaults_used: dict = field(default_factory=dict)  # key -> {"value", "from"}: not read from the source
     unmapped: list = field(default_factory=list)  # "name=value (file:line)": in the source, no key takes it
+    # key -> {"flag", "from", "placeholder"}: the script takes it from the command line with no default;
+    # the YAML has the placeholder (``verl-bridge validate`` names it), the report's config does not
+    to_fill: dict = field(default_factory=dict)
     old_source: bytes = b""
     new_source: Optional[bytes] = None
     yaml_text: Optional[str] = None
@@ -139,6 +142,7 @@ def _migrate_source(source: bytes, path: str, config_rel: Optional[str] = None,
     result.provenance = dict(analysis.provenance)
     result.defaults_used = dict(analysis.defaults_used)
     result.unmapped = list(analysis.unmapped)
+    result.to_fill = dict(getattr(analysis, "to_fill", {}) or {})
     fit_batch_sizes(result)
     problems = validate_config(result, config_dir or os.path.dirname(os.path.abspath(path)))
     if problems:
@@ -146,6 +150,7 @@ def _migrate_source(source: bytes, path: str, config_rel: Optional[str] = None,
         result.reasons += [f"the emitted config does not validate: {p}; fix the value in {name} (or the key "
                            "in the YAML) and run migrate again" for p in problems]
         result.config, result.provenance, result.defaults_used, result.unmapped = {}, {}, {}, []
+        result.to_fill = {}
         return result
     new_source = new_tree.bytes
     try:
@@ -156,8 +161,19 @@ def _migrate_source(source: bytes, path: str, config_rel: Optional[str] = None,
         return result
     result.status = "migrated"
     result.new_source = new_source
-    result.yaml_text = render_yaml(result.config, result.provenance, name)
+    result.yaml_text = render_yaml(*_with_placeholders(result), name)
     return result
+
+
+def _with_placeholders(result: FileResult) -> tuple:
+    """The config and provenance the YAML shows: the proven values plus a placeholder per ``to_fill``
+    key (which ``verl-bridge validate`` / ``train`` refuse, naming the flag, until it is set)."""
+    config, prov = dict(result.config), dict(result.provenance)
+    for key, info in result.to_fill.items():
+        if key not in config:
+            config[key] = info["placeholder"]
+            prov[key] = f"TO FILL: the script takes {info['flag']} from the command line ({info['from']})"
+    return config, prov
 
 
 def fit_batch_sizes(result: FileResult) -> None:
