@@ -42,7 +42,10 @@ BUILTINS = {"len", "list", "tuple", "zip", "abs", "max", "min", "range", "sum", 
 BASELINE_RE = re.compile(r"\.(mean|sum|nanmean)\(|np\.(mean|sum)|torch\.(mean|sum)|mean|baseline|sum", re.I)
 
 RUNNER = r'''
-import json, sys, math, itertools, socket
+import json, sys, math, itertools, socket, os, tempfile
+# no file can be written here (RLIMIT_FSIZE 0), so tempfile's probe of a writable directory fails;
+# libraries that ask for it at import (dill, which torch imports where installed) get the cwd instead
+tempfile.tempdir = os.getcwd()
 import numpy as np
 spec = json.loads(sys.stdin.read())
 if spec["torch"]:
