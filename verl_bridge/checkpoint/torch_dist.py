@@ -1,6 +1,6 @@
 """Writing megatron-core's ``torch_dist`` layout on CPU.
 
-megatron-core 0.16.1's default ``torch_dist`` save strategy (``TorchDistSaveShardedStrategy``)
+megatron-core 0.16.1's (and 0.19.2's) default ``torch_dist`` save strategy (``TorchDistSaveShardedStrategy``)
 always goes through its async machinery: ``FileSystemWriterAsync.preload_tensors`` calls
 ``torch.cuda.synchronize()`` and ``save_state_dict_async_finalize`` broadcasts a CUDA tensor, so
 it fails on a CPU-only machine.
@@ -21,24 +21,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-try:  # megatron-core <= 0.16 (the CPU machines); 0.19 removed strategies.base
-    from megatron.core.dist_checkpointing.strategies.base import SaveShardedStrategy
-except ImportError:  # pragma: no cover - exercised on the GPU machine (megatron-core 0.19.2)
-    SaveShardedStrategy = None
+from verl_bridge.compat.mcore_versions import torch_dist_save_strategy_base
 
 
-class _Unavailable:
-    def __init__(self, *_, **__):
-        import megatron.core
+class SyncTorchDistSaveStrategy(torch_dist_save_strategy_base()):
+    """megatron-core's torch_dist layout, written synchronously (no CUDA call): a
+    ``SaveShardedStrategy`` up to 0.18, a ``TorchDistSaveShardedStrategy`` from 0.19 (see
+    :func:`verl_bridge.compat.mcore_versions.torch_dist_save_strategy_base`)."""
 
-        raise RuntimeError(
-            "checkpoint_format=torch_dist: verl-bridge's synchronous torch_dist writer is built on "
-            "megatron.core.dist_checkpointing.strategies.base, which megatron-core "
-            f"{getattr(megatron.core, '__version__', '?')} does not have (it exists up to 0.16). "
-            "Use trainer.checkpoint_format=legacy with this megatron-core, or megatron-core <= 0.16.")
-
-
-class SyncTorchDistSaveStrategy(SaveShardedStrategy or _Unavailable):
     def __init__(self, backend: str = "torch_dist", version: int = 1):
         super().__init__(backend, version)
 
