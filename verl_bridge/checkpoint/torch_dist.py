@@ -21,7 +21,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from verl_bridge.compat.mcore_versions import torch_dist_save_strategy_base
+from verl_bridge.compat.mcore_versions import (
+    COMMON_STATE_SHARDED_KEY,
+    common_state_in_sharded_dict,
+    torch_dist_save_strategy_base,
+)
 
 
 class SyncTorchDistSaveStrategy(torch_dist_save_strategy_base()):
@@ -37,6 +41,7 @@ class SyncTorchDistSaveStrategy(torch_dist_save_strategy_base()):
         return True  # ShardedObjects go into the .distcp files, as with the stock strategy
 
     def save(self, sharded_state_dict, checkpoint_dir: Path):
+        import torch
         import torch.distributed.checkpoint as dcp
         from megatron.core.dist_checkpointing.strategies.torch import (
             MCoreSavePlanner,
@@ -44,6 +49,10 @@ class SyncTorchDistSaveStrategy(torch_dist_save_strategy_base()):
             mcore_to_pyt_state_dict,
         )
 
+        if common_state_in_sharded_dict():  # >= 0.19: common.pt as on every other version (0.19 reads it)
+            common = sharded_state_dict.pop(COMMON_STATE_SHARDED_KEY)
+            if torch.distributed.get_rank() == 0:
+                torch.save(common.data, Path(checkpoint_dir) / "common.pt")
         sharded_state_dict, _, _ = _replace_state_dict_keys_with_sharded_keys(sharded_state_dict, True)
         pyt_state_dict = mcore_to_pyt_state_dict(sharded_state_dict, False)
         dcp.save(

@@ -26,6 +26,11 @@ shim                         what changed
                              a ``TorchDistSaveShardedStrategy``; verl-bridge's synchronous (CPU)
                              torch_dist writer subclasses whichever applies
                              (:func:`torch_dist_save_strategy_base`)
+``DIST_CKPT_COMMON_IN``      ``dist_checkpointing.save`` hands the common (non-sharded) state to
+``_DISTCP_SINCE`` (0.19)     the strategy as a ``ShardedObject("common_state")`` for the .distcp
+                             files instead of writing ``common.pt``; verl-bridge keeps writing
+                             ``common.pt`` (its layout on every version, which 0.19's loader still
+                             reads) (:data:`COMMON_STATE_SHARDED_KEY`)
 ``RESHARD_TASK_ID_KWARG``    ``megatron.core.resharding``'s executor calls
 ``_SINCE`` (0.18)            ``CopyService.submit_send/submit_recv(..., task_id=)`` and
                              ``CopyService.__init__`` takes ``group``; 0.16-0.17 call
@@ -54,6 +59,8 @@ PG_COLLECTION_SINCE = (0, 15)
 ROPE_GET_EMB_SINCE = (0, 16)
 GPTMODEL_DEPRECATED_SINCE = (0, 19)
 DIST_CKPT_STRATEGY_BASE_REMOVED_IN = (0, 19)
+DIST_CKPT_COMMON_IN_DISTCP_SINCE = (0, 19)
+COMMON_STATE_SHARDED_KEY = "common_state"
 RESHARD_TASK_ID_KWARG_SINCE = (0, 18)
 RESHARD_EXECUTOR_CUDA_SYNC_SINCE = (0, 17)
 RESHARDING_SINCE = (0, 16)
@@ -129,6 +136,12 @@ def torch_dist_save_strategy_base() -> type:
     from megatron.core.dist_checkpointing.strategies.base import SaveShardedStrategy
 
     return SaveShardedStrategy
+
+
+def common_state_in_sharded_dict() -> bool:
+    """Whether ``dist_checkpointing.save`` passes the common state to the strategy as the
+    ``ShardedObject`` :data:`COMMON_STATE_SHARDED_KEY` (0.19 on) instead of writing ``common.pt``."""
+    return mcore_version() >= DIST_CKPT_COMMON_IN_DISTCP_SINCE
 
 
 def copy_service_init_kwargs(group: Any = None) -> dict:
