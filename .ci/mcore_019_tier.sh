@@ -25,12 +25,12 @@ t0=$(date +%s)
 
 # --- the tests this tier runs on megatron-core 0.19.2 ------------------------------------------
 TESTS=(
-  tests/bridge                                   # bridge, version shims, Megatron-LM args/flow
-  tests/bridge/test_megatron_training_cpu.py     # Megatron-LM's own megatron.training on the CPU
-  tests/checkpoint                               # torch + torch_dist formats, HF convert, crash safety
-  tests/resharding                               # export / verify / trainer hook
-  tests/resharding/test_mcore_swap_model_weights.py  # megatron.core.resharding.swap_model_weights
-  tests/runtime/test_learning.py                 # the quickstart learning at TP=1 and TP=2 (gloo)
+  tests/bridge        # bridge, version shims, Megatron-LM flags/flow, megatron.training on the CPU
+  tests/checkpoint    # legacy + torch_dist, HF conversion (convert CLI), crash safety, Megatron-LM interop
+  tests/resharding    # weight export / verify / trainer hook, megatron.core.resharding.swap_model_weights
+  tests/runtime/test_tp_equivalence.py tests/runtime/test_resume.py tests/runtime/test_portable_spec.py
+  tests/runtime/test_learning.py::test_quickstart_ppo_learns  # the quickstart learning at TP=1
+  tests/runtime/test_learning_tp2.py                          # ... and at TP=2 over gloo
 )
 # LEAD: other helpers' new test files go here (TP2xPP2xSP equivalence, the seed template run,
 # MoE EP=2, ...); each path is run on 0.19.2 as well.
@@ -86,5 +86,5 @@ t1=$(date +%s)
 echo "mcore 0.19 tier: environment ready in $((t1 - t0)) s"
 if [ "${1:-}" = "--install-only" ]; then exit 0; fi
 
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider "${TESTS[@]}" "${EXTRA_TESTS[@]}"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider "${TESTS[@]}" ${EXTRA_TESTS[@]+"${EXTRA_TESTS[@]}"}
 echo "mcore 0.19 tier: tests took $(( $(date +%s) - t1 )) s, total $(( $(date +%s) - t0 )) s"
