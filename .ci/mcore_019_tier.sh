@@ -68,8 +68,9 @@ if [ -x "$VENV/bin/python" ] && ready; then
   echo "mcore 0.19 tier: reusing $VENV"
 else
   if ! PY="$(find_python)"; then
-    echo "mcore 0.19 tier: SKIPPED, no Python >= 3.12 found (pyenv 3.12/3.13, python3.12, python3.13, python3);" \
-         "megatron-core $MCORE_VERSION needs it, so ${#TESTS[@]}+${#EXTRA_TESTS[@]} test paths did not run on it"
+    echo "mcore 0.19 tier: SKIPPED, no Python >= 3.12 found (MCORE019_PYTHON, pyenv 3.12/3.13, python3.12," \
+         "python3.13, python3), which megatron-core $MCORE_VERSION needs; not run on $MCORE_VERSION:" \
+         "${TESTS[*]}${EXTRA_TESTS[*]+ ${EXTRA_TESTS[*]}}"
     exit 0
   fi
   echo "mcore 0.19 tier: building $VENV with $("$PY" -V 2>&1) ($PY): torch==$TORCH_VERSION megatron-core==$MCORE_VERSION"
