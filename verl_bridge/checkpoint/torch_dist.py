@@ -1,6 +1,6 @@
 """Writing megatron-core's ``torch_dist`` layout on CPU.
 
-megatron-core 0.16.1's default ``torch_dist`` save strategy (``TorchDistSaveShardedStrategy``)
+megatron-core 0.16.1's (and 0.19.2's) default ``torch_dist`` save strategy (``TorchDistSaveShardedStrategy``)
 always goes through its async machinery: ``FileSystemWriterAsync.preload_tensors`` calls
 ``torch.cuda.synchronize()`` and ``save_state_dict_async_finalize`` broadcasts a CUDA tensor, so
 it fails on a CPU-only machine.
@@ -21,24 +21,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-try:  # megatron-core <= 0.16 (the CPU machines); 0.19 removed strategies.base
-    from megatron.core.dist_checkpointing.strategies.base import SaveShardedStrategy
-except ImportError:  # pragma: no cover - exercised on the GPU machine (megatron-core 0.19.2)
-    SaveShardedStrategy = None
+from verl_bridge.compat.mcore_versions import (
+    COMMON_STATE_SHARDED_KEY,
+    common_state_in_sharded_dict,
+    torch_dist_save_strategy_base,
+)
 
 
-class _Unavailable:
-    def __init__(self, *_, **__):
-        import megatron.core
+class SyncTorchDistSaveStrategy(torch_dist_save_strategy_base()):
+    """megatron-core's torch_dist layout, written synchronously (no CUDA call): a
+    ``SaveShardedStrategy`` up to 0.18, a ``TorchDistSaveShardedStrategy`` from 0.19 (see
+    :func:`verl_bridge.compat.mcore_versions.torch_dist_save_strategy_base`)."""
 
-        raise RuntimeError(
-            "checkpoint_format=torch_dist: verl-bridge's synchronous torch_dist writer is built on "
-            "megatron.core.dist_checkpointing.strategies.base, which megatron-core "
-            f"{getattr(megatron.core, '__version__', '?')} does not have (it exists up to 0.16). "
-            "Use trainer.checkpoint_format=legacy with this megatron-core, or megatron-core <= 0.16.")
-
-
-class SyncTorchDistSaveStrategy(SaveShardedStrategy or _Unavailable):
     def __init__(self, backend: str = "torch_dist", version: int = 1):
         super().__init__(backend, version)
 
@@ -47,6 +41,7 @@ class SyncTorchDistSaveStrategy(SaveShardedStrategy or _Unavailable):
         return True  # ShardedObjects go into the .distcp files, as with the stock strategy
 
     def save(self, sharded_state_dict, checkpoint_dir: Path):
+        import torch
         import torch.distributed.checkpoint as dcp
         from megatron.core.dist_checkpointing.strategies.torch import (
             MCoreSavePlanner,
@@ -54,6 +49,10 @@ class SyncTorchDistSaveStrategy(SaveShardedStrategy or _Unavailable):
             mcore_to_pyt_state_dict,
         )
 
+        if common_state_in_sharded_dict():  # >= 0.19: common.pt as on every other version (0.19 reads it)
+            common = sharded_state_dict.pop(COMMON_STATE_SHARDED_KEY)
+            if torch.distributed.get_rank() == 0:
+                torch.save(common.data, Path(checkpoint_dir) / "common.pt")
         sharded_state_dict, _, _ = _replace_state_dict_keys_with_sharded_keys(sharded_state_dict, True)
         pyt_state_dict = mcore_to_pyt_state_dict(sharded_state_dict, False)
         dcp.save(
