@@ -73,6 +73,7 @@ class ModelArgs:
     use_flash_attn: bool = False
     offload: bool = False  # keep a frozen role's weights on CPU between uses
     path: Optional[str] = None  # reward function "module:function"
+    timeout_s: Optional[float] = None  # reward function: seconds per call (None: 60, 0: no limit)
     # tiny preset shape (ignored otherwise)
     num_layers: int = 2
     hidden_size: int = 64

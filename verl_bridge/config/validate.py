@@ -272,6 +272,7 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
     if m.reference is not None:
         _choice(p, "model.reference.type", m.reference.type, S.ACTOR_TYPES)
     _choice(p, "model.reward.type", m.reward.type, S.REWARD_TYPES)
+    _range(p, "model.reward.args.timeout_s", m.reward.args.timeout_s, lo=0.0, hi=86_400.0)
     if m.reward.type == "function":
         from verl_bridge.rewards.loading import BUILTIN_REWARDS
 

@@ -115,7 +115,12 @@ class MegatronTrainer:
         seed_everything(cfg.trainer.seed)
         self.task = builtin_task(cfg)
         self.tokenizer = self.bridge.tokenizer or load_tokenizer(cfg, self.task)
-        self.reward_fn = self.reward_fn or reward_function(cfg, self.task)
+        if self.reward_fn is not None:  # a Python reward_fn: checked like a configured one (rewards/checked.py)
+            from verl_bridge.rewards.checked import checked_reward
+
+            self.reward_fn = checked_reward(self.reward_fn, timeout_s=cfg.model.reward.args.timeout_s)
+        else:
+            self.reward_fn = reward_function(cfg, self.task)
         self.prompts = PromptSource(cfg, self.task)
 
         def scorer():
