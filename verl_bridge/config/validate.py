@@ -110,6 +110,7 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
     from verl_bridge.runtime.trackers import check as check_loggers
 
     p.extend(check_loggers(t.loggers, t.output_dir))
+    _range(p, "trainer.collective_timeout_s", t.collective_timeout_s, lo=1.0, hi=86_400.0)
     ta = t.args
     _range(p, "trainer.args.tp_size", ta.tp_size, lo=1, hi=MAX_RANKS)
     _range(p, "trainer.args.pp_size", ta.pp_size, lo=1, hi=MAX_RANKS)
