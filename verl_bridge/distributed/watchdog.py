@@ -88,8 +88,10 @@ def stop_heartbeat() -> None:
 
 
 def is_timeout(exc: BaseException) -> bool:
+    """The backend's own timeout error (gloo: "Timed out waiting ...", NCCL's watchdog), not ours."""
     text = str(exc).lower()
-    return isinstance(exc, (RuntimeError, OSError)) and ("timed out" in text or "timeout" in text)
+    return (isinstance(exc, (RuntimeError, OSError)) and not isinstance(exc, CollectiveTimeout)
+            and ("timed out" in text or "watchdog caught collective operation timeout" in text))
 
 
 def _collective(exc: BaseException) -> str:
