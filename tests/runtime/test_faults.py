@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = """\
-trainer: {args: {tp_size: 2, pp_size: 1}, total_steps: 400, seed: 1, log_every: 1, progress_bar: false}
+trainer: {args: {tp_size: 2, pp_size: 1}, total_steps: 1000000, seed: 1, log_every: 1, progress_bar: false}
 model:
   actor: {type: megatron, args: {preset: tiny, num_layers: 1, hidden_size: 32}}
   reward: {type: function}
@@ -221,3 +221,26 @@ def test_one_run_per_output_dir(cfg, tmp_path):
         "iter_0000002", "latest_checkpointed_iteration.txt"]
     assert json.loads((out / "run.json").read_text())["run_id"] != run_id
     assert _steps(out) == [1, 2]
+
+
+@pytest.mark.slow
+def test_sigint_single_process_saves_and_exits_130(cfg, tmp_path):
+    """``python -m verl_bridge.train`` (a world of one, no torchrun): Ctrl-C saves the last finished step."""
+    out = tmp_path / "run"
+    log = open(tmp_path / "run.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "verl_bridge.train", "--config_file", str(cfg),
+                             f"trainer.output_dir={out}", "trainer.args.tp_size=1"],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        _wait_steps(proc, out, 2)
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = (tmp_path / "run.log").read_text(errors="replace")
+    last = _steps(out)[-1]
+    assert rc == 130, text[-3000:]
+    assert f"stopped by SIGINT after step {last}; checkpoint of step {last} saved" in text
+    tracker = out / "checkpoints" / "actor" / "latest_checkpointed_iteration.txt"
+    assert tracker.read_text().strip() == str(last)
