@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -161,9 +162,13 @@ def test_stopped_tp_peer_ends_the_job_within_the_timeout(cfg, tmp_path):
                 pass
         _kill_all(_ranks(out).values())
     log = _log(out)
+    print(f"\nSIGSTOP of rank 1 -> launcher exit {rc} after {elapsed:.1f} s; "
+          + next((ln for ln in log.splitlines() if "did not complete within" in ln), ""))
     assert rc != 0
     assert "rank 0:" in log and "did not complete within trainer.collective_timeout_s=5 s" in log, log[-4000:]
     assert f"rank 1 (host " in log and f"pid {ranks[1]}): no heartbeat" in log, log[-4000:]
+    # the collective and its caller outside torch, e.g. "all_gather (called from verl_bridge/compat/cpu.py:83 forward)"
+    assert re.search(r"rank 0: \w+ \(called from (verl_bridge|megatron)/[\w/]+\.py:\d+ \w+\)", log), log[-4000:]
     # 5 s timeout + torchrun's 30 s grace before it SIGKILLs the stopped rank, + start-up slack on 2 shared cores
     assert elapsed < 5 + 30 + 25, elapsed
     assert not any(_alive(p) for p in ranks.values())

@@ -99,10 +99,11 @@ def _collective(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     op, caller = None, None
     for i, f in enumerate(frames):
-        if f.filename.replace(os.sep, "/").endswith("torch/distributed/distributed_c10d.py"):
-            if op is None:
-                op = f.name
-                caller = frames[i - 1] if i else None
+        if op is None and f.filename.replace(os.sep, "/").endswith("torch/distributed/distributed_c10d.py"):
+            op = f.name
+            # the nearest frame outside torch (torch's own wrappers, e.g. c10d_logger, say nothing)
+            caller = next((c for c in reversed(frames[:i]) if "/torch/" not in c.filename.replace(os.sep, "/")),
+                          None)
     if op is None:
         return "a collective"
     where = ""
