@@ -56,7 +56,10 @@ def test_sigkill_between_critic_and_actor_publish_resumes_previous_step(tmp_path
     mlm = torch.load(ckpt / "actor" / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt", weights_only=False)
     assert mlm["iteration"] == 1 and mlm["checkpoint_version"] == 3.0
 
+    # the SIGKILLed run left its run.lock: reported as stale, taken over only when asked (runtime/run_dir.py)
     r = _train(run, 3, "trainer.resume=auto", "trainer.keep_last=1")
+    assert r.returncode == 2 and "stale lock" in r.stderr and f"rm {run}/run.lock" in r.stderr, r.stderr[-3000:]
+    r = _train(run, 3, "trainer.resume=auto", "trainer.keep_last=1", "trainer.break_stale_lock=true")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from step 1" in r.stdout
     assert _steps(run) == [1, 2, 3]

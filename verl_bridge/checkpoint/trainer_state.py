@@ -185,7 +185,8 @@ def choose_resume_step(state: TrainerState) -> Optional[int]:
     raise CheckpointError(
         f"trainer.resume=auto found no usable checkpoint in {root} ({detail}). Found: {'; '.join(found)}. "
         "No checkpoint and no metrics were changed. Restore a good checkpoint there, point trainer.resume at another checkpoint "
-        "directory, or start a new run from step 1 with trainer.resume=never (which replaces metrics.jsonl).")
+        "directory, or start a new run from step 1 with trainer.resume=never trainer.overwrite=true (which deletes "
+        "these checkpoints and metrics.jsonl).")
 
 
 def resume_trainer(state: TrainerState) -> Optional[int]:

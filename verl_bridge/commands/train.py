@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -84,7 +85,11 @@ def train(config_file: str, overrides: tuple[str, ...], nproc: int | None, nnode
         cmd += ["-m", "verl_bridge.train", "--config_file", config_file, *overrides]
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
-        rc = subprocess.call(cmd, env=env)
+        rc, signum = launch(cmd, env)
+        if signum is not None:  # the ranks saved their last finished step and said how to resume
+            click.echo(f"verl-bridge train: stopped by {signal.Signals(signum).name} (exit {128 + signum}); "
+                       "resume with the same command plus trainer.resume=auto", err=True)
+            sys.exit(128 + signum)
         if rc != 0:
             raise click.ClickException(f"training failed (torchrun exit code {rc}); see the rank logs above")
         return
@@ -103,6 +108,45 @@ def _fetch_models(cfg) -> None:
     problems = prefetch(cfg, echo=click.echo)
     if problems:
         raise ConfigProblem("\n".join(problems))
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG: SIGTERM when we die
+
+
+def launch(cmd: list[str], env: dict) -> tuple[int, int | None]:
+    """Run torchrun and wait for it: (its exit code, the signal forwarded or None).
+
+    torchrun runs in its own session, so a terminal's Ctrl-C reaches it (and the ranks) once, through
+    us; SIGTERM and SIGINT are forwarded to it, and it forwards them to every rank and waits for them
+    (the ranks save and stop at the next step boundary). On Linux torchrun gets SIGTERM when this
+    process dies, even by SIGKILL, and the ranks get SIGTERM when torchrun dies, so no rank outlives
+    the launcher. We return only once torchrun has exited."""
+    linux = sys.platform.startswith("linux")
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent if linux else None)
+    received: list[int] = []
+
+    def forward(signum, frame):
+        received.append(signum)
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while True:
+            try:
+                rc = proc.wait()
+                break
+            except KeyboardInterrupt:  # pragma: no cover - SIGINT is handled above
+                continue
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return rc, (received[0] if received else None)
 
 
 def _has_cuda() -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import types
 import typing
@@ -76,22 +77,37 @@ def _coerce(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
         problems.append(f"{key}={_fmt(value)}: expected true or false")
         return value
     if tp is int:
+        number = None
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
+            number = value
+        elif isinstance(value, float) and value.is_integer():
+            number = int(value)
+        if number is not None:
+            if abs(number) > MAX_INT:  # e.g. total_steps: 1e30; the keys' own bounds are in validate.py
+                problems.append(f"{key}={_fmt(value)}: out of range; an integer setting is at most {MAX_INT}")
+                return value
+            return number
         problems.append(f"{key}={_fmt(value)}: expected an integer")
         return value
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
             try:
-                return float(value)
+                number = float(value)
+            except OverflowError:  # an integer past float's range
+                number = math.inf
+        elif isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
+            try:
+                number = float(value)
             except ValueError:
                 pass
-        problems.append(f"{key}={_fmt(value)}: expected a number")
-        return value
+        if number is None:
+            problems.append(f"{key}={_fmt(value)}: expected a number")
+            return value
+        if not math.isfinite(number):  # 1e400 reads as inf, .nan as nan: neither is a setting
+            problems.append(f"{key}={_fmt(value)}: expected a finite number (got {number})")
+            return value
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
@@ -124,8 +140,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError([f"override {item!r}: '{key}' is not a dotted key"])
     try:
-        value = yaml.safe_load(raw) if raw.strip() != "" else None
-    except yaml.YAMLError:
+        value = safe_load(raw) if raw.strip() != "" else None
+    except YAMLRefused as exc:
+        raise ConfigError([f"override {item!r}: {exc}"]) from None
+    except (yaml.YAMLError, RecursionError):
         value = raw
     return key.split("."), value
 
@@ -149,21 +167,126 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+# Limits of the config reader: a config is a few hundred nodes, so these refuse only hostile or
+# broken files (an anchor/alias "billion laughs" bomb, 20,000-deep nesting) quickly, before any
+# expansion, instead of a traceback or a MemoryError minutes later.
+MAX_ALIASES = 64  # ``*name`` references in one file
+MAX_NODES = 100_000  # nodes once every alias is expanded
+MAX_DEPTH = 64  # nesting of mappings and lists
+MAX_INT = 2**63 - 1  # any integer key (int64, what torch and the checkpoint files hold)
+
+
+class YAMLRefused(yaml.YAMLError):
+    """A file that parses but is refused (alias budget, depth, duplicate keys); ``str()`` says why."""
+
+
+class StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses more than :data:`MAX_ALIASES` aliases, documents that expand
+    past :data:`MAX_NODES` nodes, nesting deeper than :data:`MAX_DEPTH`, and duplicate mapping keys
+    (PyYAML keeps the last one silently)."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._aliases = 0
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                mark = self.peek_event().start_mark
+                raise YAMLRefused(f"more than {MAX_ALIASES} YAML aliases (*name), the {MAX_ALIASES + 1}th at "
+                                  f"line {mark.line + 1}; a config needs few, so this looks like an alias bomb: "
+                                  "write the values out")
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise YAMLRefused(f"nesting deeper than {MAX_DEPTH} levels at line {mark.line + 1}; "
+                                  "a config is a few levels of sections")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def compose_document(self):
+        node = super().compose_document()
+        _check_nodes(node)
+        return node
+
+
+def _check_nodes(root) -> None:
+    """Refuse duplicate keys (naming the dotted key and both lines) and a document that expands past
+    :data:`MAX_NODES` nodes; shared (aliased) nodes are counted once per use, walked once."""
+    sizes: dict[int, int] = {}
+    duplicates: list[str] = []
+
+    def size(node, path: str) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = 1  # a recursive alias counts once instead of looping
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    name = f"{path}{key.value}"
+                    if key.value in seen:
+                        duplicates.append(f"duplicate key '{name}' at lines {seen[key.value]} and "
+                                          f"{key.start_mark.line + 1}; YAML would keep only the last, so remove one")
+                    else:
+                        seen[key.value] = key.start_mark.line + 1
+                    total += size(value, name + ".")
+                else:
+                    total += size(key, path) + size(value, path)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                total += size(item, f"{path[:-1]}[{i}]." if path else f"[{i}].")
+        sizes[id(node)] = total
+        return total
+
+    if root is not None and size(root, "") > MAX_NODES:
+        raise YAMLRefused(f"the document expands to more than {MAX_NODES} nodes once its aliases are "
+                          "resolved; a config is a few hundred, so this looks like an alias bomb")
+    if duplicates:
+        raise YAMLRefused("; ".join(duplicates))
+
+
+def safe_load(text: str):
+    """``yaml.safe_load`` with :class:`StrictLoader`'s limits."""
+    loader = StrictLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: str) -> dict:
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read()
     except FileNotFoundError:
         raise ConfigError([f"config file {path!r} does not exist"]) from None
+    except IsADirectoryError:
+        raise ConfigError([f"config file {path!r} is a directory; give a YAML file"]) from None
     except OSError as exc:
         raise ConfigError([f"config file {path!r} cannot be read: {exc.strerror}"]) from None
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ConfigError([f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line} (offset {exc.start}); "
+                           "save the config as UTF-8"], source=path) from None
+    try:
+        data = safe_load(text)
+    except YAMLRefused as exc:
+        raise ConfigError([str(exc)], source=path) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError([f"YAML syntax error at {where}: {problem}"], source=path) from None
+    except RecursionError:  # belt and braces: MAX_DEPTH refuses deep nesting first
+        raise ConfigError([f"nesting too deep (over {MAX_DEPTH} levels)"], source=path) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -59,6 +59,9 @@ class TrainerConfig:
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     project: str = "verl-bridge"  # wandb project / MLflow experiment
     experiment_name: Optional[str] = None  # the run's name in wandb / MLflow; default: output_dir's last part
+    overwrite: bool = False  # a new run may replace another run's checkpoints/metrics in output_dir
+    break_stale_lock: bool = False  # take over output_dir/run.lock when no live process holds it
+    collective_timeout_s: float = 600.0  # a collective waiting longer on a peer fails, naming it
 
 
 @dataclass(kw_only=True)
@@ -73,6 +76,7 @@ class ModelArgs:
     use_flash_attn: bool = False
     offload: bool = False  # keep a frozen role's weights on CPU between uses
     path: Optional[str] = None  # reward function "module:function"
+    timeout_s: Optional[float] = None  # reward function: seconds per call (None: 60, 0: no limit)
     # tiny preset shape (ignored otherwise)
     num_layers: int = 2
     hidden_size: int = 64

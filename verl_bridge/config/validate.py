@@ -15,6 +15,15 @@ from verl_bridge.algorithms.registry import ALGORITHMS
 from verl_bridge.config import schema as S
 from verl_bridge.config.schema import Config
 
+# Upper bounds of the sizes: far past any real run, low enough that a typo (1e9 tokens, 10**30
+# steps, lr 1e400) is refused before anything starts instead of allocating or training nonsense.
+MAX_STEPS = 10_000_000  # trainer.total_steps, save_every, log_every, eval_every, keep_last, warmup_steps
+MAX_RANKS = 65_536  # trainer.nproc_per_node, trainer.args.tp_size / pp_size
+MAX_BATCH = 10_000_000  # data.rollout_batch_size, data.eval_samples, algorithm.mini/micro_batch_size
+MAX_GROUP = 4096  # algorithm.group_size (responses per prompt)
+MAX_TOKENS = 1_048_576  # data.max_prompt_length, data.max_response_length (2**20 tokens)
+MAX_LR = 1.0  # optim.<role>.lr (Adam steps of a whole unit per parameter are already divergence)
+
 
 def _choice(problems, key, value, allowed):
     if value not in allowed:
@@ -92,18 +101,19 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
     _choice(p, "trainer.device", t.device, S.DEVICES)
     _choice(p, "trainer.precision", t.precision, S.PRECISIONS)
     _choice(p, "trainer.checkpoint_format", t.checkpoint_format, S.CHECKPOINT_FORMATS)
-    _range(p, "trainer.total_steps", t.total_steps, lo=1)
-    _range(p, "trainer.save_every", t.save_every, lo=0)
-    _range(p, "trainer.log_every", t.log_every, lo=1)
-    _range(p, "trainer.keep_last", t.keep_last, lo=1)
-    _range(p, "trainer.nproc_per_node", t.nproc_per_node, lo=1)
-    _range(p, "trainer.eval_every", t.eval_every, lo=0)
+    _range(p, "trainer.total_steps", t.total_steps, lo=1, hi=MAX_STEPS)
+    _range(p, "trainer.save_every", t.save_every, lo=0, hi=MAX_STEPS)
+    _range(p, "trainer.log_every", t.log_every, lo=1, hi=MAX_STEPS)
+    _range(p, "trainer.keep_last", t.keep_last, lo=1, hi=MAX_STEPS)
+    _range(p, "trainer.nproc_per_node", t.nproc_per_node, lo=1, hi=MAX_RANKS)
+    _range(p, "trainer.eval_every", t.eval_every, lo=0, hi=MAX_STEPS)
     from verl_bridge.runtime.trackers import check as check_loggers
 
     p.extend(check_loggers(t.loggers, t.output_dir))
+    _range(p, "trainer.collective_timeout_s", t.collective_timeout_s, lo=1.0, hi=86_400.0)
     ta = t.args
-    _range(p, "trainer.args.tp_size", ta.tp_size, lo=1)
-    _range(p, "trainer.args.pp_size", ta.pp_size, lo=1)
+    _range(p, "trainer.args.tp_size", ta.tp_size, lo=1, hi=MAX_RANKS)
+    _range(p, "trainer.args.pp_size", ta.pp_size, lo=1, hi=MAX_RANKS)
     dp = None
     if isinstance(ta.tp_size, int) and isinstance(ta.pp_size, int) and ta.tp_size >= 1 and ta.pp_size >= 1:
         mp = ta.tp_size * ta.pp_size
@@ -136,10 +146,10 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
     _range(p, "algorithm.value_clip", a.value_clip, lo=0.0, lo_open=True)
     _range(p, "algorithm.vf_coef", a.vf_coef, lo=0.0)
     _range(p, "algorithm.entropy_coef", a.entropy_coef, lo=0.0)
-    _range(p, "algorithm.ppo_epochs", a.ppo_epochs, lo=1)
-    _range(p, "algorithm.micro_batch_size", a.micro_batch_size, lo=1)
-    _range(p, "algorithm.mini_batch_size", a.mini_batch_size, lo=1)
-    _range(p, "algorithm.group_size", a.group_size, lo=1)
+    _range(p, "algorithm.ppo_epochs", a.ppo_epochs, lo=1, hi=1000)
+    _range(p, "algorithm.micro_batch_size", a.micro_batch_size, lo=1, hi=MAX_BATCH)
+    _range(p, "algorithm.mini_batch_size", a.mini_batch_size, lo=1, hi=MAX_BATCH)
+    _range(p, "algorithm.group_size", a.group_size, lo=1, hi=MAX_GROUP)
     _choice(p, "algorithm.loss_agg_mode", a.loss_agg_mode, S.LOSS_AGG_MODES)
     _choice(p, "algorithm.kl.estimator", a.kl.estimator, S.KL_ESTIMATORS)
     _choice(p, "algorithm.kl.placement", a.kl.placement, spec.kl_placements if spec else S.KL_PLACEMENTS)
@@ -154,10 +164,10 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
                  f"within a group and needs group_size >= {spec.min_group_size}")
 
     # --- batch arithmetic
-    _range(p, "data.rollout_batch_size", d.rollout_batch_size, lo=1)
+    _range(p, "data.rollout_batch_size", d.rollout_batch_size, lo=1, hi=MAX_BATCH)
     _range(p, "data.num_rollout_workers", d.num_rollout_workers, lo=1)
-    _range(p, "data.max_prompt_length", d.max_prompt_length, lo=1)
-    _range(p, "data.max_response_length", d.max_response_length, lo=1)
+    _range(p, "data.max_prompt_length", d.max_prompt_length, lo=1, hi=MAX_TOKENS)
+    _range(p, "data.max_response_length", d.max_response_length, lo=1, hi=MAX_TOKENS)
     if dp and isinstance(d.rollout_batch_size, int) and d.rollout_batch_size >= 1 and d.rollout_batch_size % dp:
         p.append(f"data.rollout_batch_size={d.rollout_batch_size} prompts do not divide across dp={dp} ranks "
                  f"(world size {world_size} / (tp {ta.tp_size} * pp {ta.pp_size}))")
@@ -183,7 +193,7 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
         if d.rollout_batch_size % d.num_rollout_workers:
             p.append(f"data.num_rollout_workers={d.num_rollout_workers} does not divide "
                      f"data.rollout_batch_size={d.rollout_batch_size}")
-    _range(p, "data.eval_samples", d.eval_samples, lo=1)
+    _range(p, "data.eval_samples", d.eval_samples, lo=1, hi=MAX_BATCH)
     if dp and isinstance(d.eval_samples, int) and d.eval_samples >= 1 and d.eval_samples % dp:
         p.append(f"data.eval_samples={d.eval_samples} prompts do not divide across dp={dp} ranks")
     evaluating = bool(t.eval_every) or t.eval_before_train is True
@@ -228,10 +238,10 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
     # --- optim
     for role in ("actor", "critic"):
         o = getattr(cfg.optim, role)
-        _range(p, f"optim.{role}.lr", o.lr, lo=0.0, lo_open=True)
+        _range(p, f"optim.{role}.lr", o.lr, lo=0.0, hi=MAX_LR, lo_open=True)
         _range(p, f"optim.{role}.clip_grad", o.clip_grad, lo=0.0)
         _range(p, f"optim.{role}.weight_decay", o.weight_decay, lo=0.0)
-        _range(p, f"optim.{role}.warmup_steps", o.warmup_steps, lo=0)
+        _range(p, f"optim.{role}.warmup_steps", o.warmup_steps, lo=0, hi=MAX_STEPS)
 
     # --- models
     src = cfg.source_dir
@@ -263,6 +273,7 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
     if m.reference is not None:
         _choice(p, "model.reference.type", m.reference.type, S.ACTOR_TYPES)
     _choice(p, "model.reward.type", m.reward.type, S.REWARD_TYPES)
+    _range(p, "model.reward.args.timeout_s", m.reward.args.timeout_s, lo=0.0, hi=86_400.0)
     if m.reward.type == "function":
         from verl_bridge.rewards.loading import BUILTIN_REWARDS
 

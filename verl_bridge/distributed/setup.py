@@ -32,10 +32,16 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(backend: str | None = None, timeout_s: int = 600) -> None:
-    """Initialise torch.distributed from the torchrun environment (or a world of one)."""
+def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> None:
+    """Initialise torch.distributed from the torchrun environment (or a world of one).
+
+    ``timeout_s``: how long a collective may wait for its peers (default: ``trainer.collective_timeout_s``
+    as set by :func:`verl_bridge.distributed.watchdog.set_collective_timeout`, else 600 s)."""
     if dist.is_available() and dist.is_initialized():
         return
+    from verl_bridge.distributed.watchdog import collective_timeout_s, start_heartbeat
+
+    timeout_s = collective_timeout_s() if timeout_s is None else timeout_s
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     from datetime import timedelta
@@ -57,6 +63,7 @@ def init_distributed(backend: str | None = None, timeout_s: int = 600) -> None:
         world_size=int(os.environ["WORLD_SIZE"]),
         timeout=timedelta(seconds=timeout_s),
     )
+    start_heartbeat()
 
 
 def init_model_parallel(tp_size: int, pp_size: int, sequence_parallel: bool = False) -> ParallelLayout:
@@ -65,8 +72,11 @@ def init_model_parallel(tp_size: int, pp_size: int, sequence_parallel: bool = Fa
 
     init_distributed()
     if not mpu.model_parallel_is_initialized():
+        from verl_bridge.distributed.watchdog import collective_timeout_s
+
         mpu.initialize_model_parallel(
-            tensor_model_parallel_size=tp_size, pipeline_model_parallel_size=pp_size
+            tensor_model_parallel_size=tp_size, pipeline_model_parallel_size=pp_size,
+            distributed_timeout_minutes=collective_timeout_s() / 60,
         )
     return current_layout(sequence_parallel)
 
@@ -132,6 +142,9 @@ def seed_everything(seed: int) -> None:
 def destroy() -> None:
     from megatron.core import parallel_state as mpu
 
+    from verl_bridge.distributed.watchdog import stop_heartbeat
+
+    stop_heartbeat()
     set_data_parallel_group(None, None)
     if mpu.model_parallel_is_initialized():
         mpu.destroy_model_parallel()

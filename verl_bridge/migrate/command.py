@@ -45,14 +45,16 @@ def _diff(result) -> str:
               help="Where to write the YAML config (one PATH only). Default: <script>.yaml next to the script.")
 @click.option("--report", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="Report format; json prints one JSON object on stdout.")
-def migrate(paths, write, out_dir, config_out, report):
+@click.option("--force", is_flag=True,
+              help="With --write: replace an existing <script>.yaml, --config-out FILE or --out DIR/<script>.py.")
+def migrate(paths, write, out_dir, config_out, report, force):
     """Rewrite hand-written PPO/GRPO loops into MegatronTrainer(config).train() plus a YAML config."""
     files = _expand(paths)
     if config_out and len(files) != 1:
         raise click.UsageError("--config-out takes exactly one script; give one PATH or drop --config-out")
     if not files:
         raise click.UsageError("no .py files found under the given paths")
-    results = [_one(f, write, out_dir, config_out) for f in files]
+    results = [_one(f, write, out_dir, config_out, force) for f in files]
     if report == "json":
         click.echo(json.dumps({"files": [r.report() for r in results]}, indent=2, default=str))
     else:
@@ -66,11 +68,33 @@ def migrate(paths, write, out_dir, config_out, report):
     return 0
 
 
-def _one(path, write, out_dir, config_out):
+def _existing_targets(path, out_dir, config_out) -> list[str]:
+    """Files ``--write`` would replace other than the script itself: its YAML, and with ``--out`` the copy."""
+    from verl_bridge.migrate.engine import targets
+
+    script_target, config_target, _ = targets(path, out_dir, config_out)
+    found = [config_target] if os.path.lexists(config_target) else []
+    if os.path.lexists(script_target) and os.path.realpath(script_target) != os.path.realpath(path):
+        found.append(script_target)
+    return found
+
+
+def _one(path, write, out_dir, config_out, force=False):
     """One file; whatever goes wrong is that file's ``error`` entry and the run goes on."""
     from verl_bridge.migrate.engine import FileResult, migrate_file
 
     try:
+        existing = _existing_targets(path, out_dir, config_out) if write and not force else []
+        if existing:  # show what would change, write nothing
+            result = migrate_file(path, write=False, out_dir=out_dir, config_out=config_out)
+            if result.status == "migrated":
+                result.status = "refused"
+                result.reasons.append(
+                    f"{' and '.join(existing)} already exist{'s' if len(existing) == 1 else ''}; --write does not "
+                    "replace a file it did not write, so nothing was written (the dry-run diff shows what it would "
+                    "do). Add --force to replace it, or choose another --config-out FILE / --out DIR")
+                result.target_exists = existing
+            return result
         return migrate_file(path, write=write, out_dir=out_dir, config_out=config_out)
     except Exception as exc:  # noqa: BLE001 - the report must always print
         return FileResult(path=path, status="error",
@@ -80,10 +104,14 @@ def _one(path, write, out_dir, config_out):
 def _print_text(r, write: bool) -> None:
     head = {"migrated": "migrated" if write else "would migrate", "refused": "REFUSED (file not changed)",
             "unchanged": "unchanged (already migrated)", "error": "ERROR (file not changed)"}[r.status]
+    if getattr(r, "target_exists", None):
+        head = "REFUSED (target exists; nothing written)"
     click.echo(f"== {r.path}: {head}")
-    if r.status == "migrated":
+    if r.status == "migrated" or getattr(r, "target_exists", None):
         click.echo(_diff(r), nl=False)
-        click.echo(f"-- {r.config_target}" + ("" if write else " (would be written)"))
+        exists = getattr(r, "target_exists", None)
+        click.echo(f"-- {r.config_target}" + (" (exists: not replaced)" if exists else "" if write
+                                              else " (would be written)"))
         click.echo(r.yaml_text, nl=False)
     for reason in r.reasons:
         click.echo(f"  reason: {reason}")

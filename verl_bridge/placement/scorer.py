@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 import torch
 
+from verl_bridge.rewards.checked import checked_reward
 from verl_bridge.runtime.batch import model_inputs
 
 REWARD_SEED_OFFSET = 7_777_777  # the reward model's weights: trainer.seed + this
@@ -64,7 +65,7 @@ class FunctionScorer:
     """``reward_fn(response_text, ground_truth)`` on the decoded responses (the group's TP rank 0 only)."""
 
     def __init__(self, reward_fn: Callable[[str, str], float], tokenizer):
-        self.reward_fn = reward_fn
+        self.reward_fn = checked_reward(reward_fn)  # named, time-limited, finite values (rewards/checked.py)
         self.tokenizer = tokenizer
 
     def __call__(self, input_ids, attention_mask, prompt_len, truths) -> torch.Tensor:
@@ -72,7 +73,7 @@ class FunctionScorer:
             return torch.zeros(input_ids.shape[0], dtype=torch.float32)
         resp, m = input_ids[:, prompt_len:], attention_mask[:, prompt_len:]
         texts = [self.tokenizer.decode(r[k.bool()].tolist()) for r, k in zip(resp, m)]
-        return torch.tensor([float(self.reward_fn(t, gt)) for t, gt in zip(texts, truths)], dtype=torch.float32)
+        return torch.tensor(self.reward_fn.score(texts, truths), dtype=torch.float32)
 
 
 def _provider(bridge, args):

@@ -20,6 +20,7 @@ from typing import Callable, Optional, Protocol
 
 import torch
 
+from verl_bridge.rewards.checked import checked_reward
 from verl_bridge.rollout.base import RolloutBatch, SamplingParams
 from verl_bridge.runtime.batch import Experience
 
@@ -48,14 +49,14 @@ class FunctionReward:
     """``reward_fn(response_text, ground_truth) -> float`` on the decoded responses."""
 
     def __init__(self, reward_fn: Callable[[str, str], float], tokenizer):
-        self.reward_fn = reward_fn
+        self.reward_fn = checked_reward(reward_fn)  # named, time-limited, finite values (rewards/checked.py)
         self.tokenizer = tokenizer
         self.timings: dict[str, float] = {}
 
     def score(self, batch: RolloutBatch, truths: list) -> torch.Tensor:
         # float64: .tolist() gives back exactly the floats the function returned
         texts = decode_responses(self.tokenizer, batch)
-        return torch.tensor([float(self.reward_fn(t, gt)) for t, gt in zip(texts, truths)], dtype=torch.float64)
+        return torch.tensor(self.reward_fn.score(texts, truths), dtype=torch.float64)
 
     def generate_and_score(self, engine, ids, truths, params, seed):
         batch = engine.generate(ids, params, seed=seed)

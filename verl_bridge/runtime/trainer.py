@@ -110,12 +110,21 @@ class MegatronTrainer:
             raise RuntimeError("trainer.device='cuda' but CUDA is not available on this machine; use auto or cpu")
         if self.bridge is None:
             self.bridge = MegatronBridge.from_config(cfg)
+        from verl_bridge.distributed.watchdog import set_collective_timeout
+
+        set_collective_timeout(cfg.trainer.collective_timeout_s)  # for the groups initialize() creates
         self.layout = self.bridge.initialize()
+        self._claim_run_dir()
         self.device = self.layout.device
         seed_everything(cfg.trainer.seed)
         self.task = builtin_task(cfg)
         self.tokenizer = self.bridge.tokenizer or load_tokenizer(cfg, self.task)
-        self.reward_fn = self.reward_fn or reward_function(cfg, self.task)
+        if self.reward_fn is not None:  # a Python reward_fn: checked like a configured one (rewards/checked.py)
+            from verl_bridge.rewards.checked import checked_reward
+
+            self.reward_fn = checked_reward(self.reward_fn, timeout_s=cfg.model.reward.args.timeout_s)
+        else:
+            self.reward_fn = reward_function(cfg, self.task)
         self.prompts = PromptSource(cfg, self.task)
 
         def scorer():
@@ -175,6 +184,34 @@ class MegatronTrainer:
                  + (f" ({engine.fast_reason})" if engine.fast is None else ""))
         return engine
 
+    def _claim_run_dir(self) -> None:
+        """Rank 0 locks ``trainer.output_dir`` and checks it holds no other run (runtime/run_dir.py);
+        every rank gets the same answer, so a refusal stops them all before anything is written."""
+        t = self.config.trainer
+        if not t.output_dir:
+            return
+        from verl_bridge.runtime.run_dir import RunDirError, claim_run_dir
+
+        problem = None
+        if dist.get_rank() == 0:
+            try:
+                self._run_lock = claim_run_dir(t.output_dir, resume=t.resume, overwrite=t.overwrite,
+                                               break_stale=t.break_stale_lock)
+            except RunDirError as exc:
+                problem = str(exc)
+        if dist.get_world_size() > 1:
+            box = [problem]
+            dist.broadcast_object_list(box, src=0)
+            problem = box[0]
+        if problem is not None:
+            raise RunDirError(problem)
+
+    def _release_run_dir(self) -> None:
+        lock = getattr(self, "_run_lock", None)
+        if lock is not None:
+            lock.release()
+            self._run_lock = None
+
     # ------------------------------------------------------------------ one step
     def rollout(self, step: int) -> Experience:
         """This rank's scored rollout of ``step``."""
@@ -230,12 +267,40 @@ class MegatronTrainer:
         return self.placement is None or getattr(self.placement, "roles", None) is None
 
     def train(self) -> list[dict]:
-        """Run ``trainer.total_steps`` steps; returns the per-step metrics (also in metrics.jsonl)."""
-        self.setup()
-        if self.placement is not None and self.placement.is_reward_rank:
-            return self.placement.serve()  # scores micro-batches until the actor ranks stop it
+        """Run ``trainer.total_steps`` steps; returns the per-step metrics (also in metrics.jsonl).
+
+        SIGTERM / SIGINT stop it at the next step boundary on every rank, after saving the last finished
+        step: :class:`~verl_bridge.runtime.stop.Stopped` is raised (exit code 143 / 130 from the CLI)."""
+        from verl_bridge.runtime.stop import StopSignals
+
+        with StopSignals() as signals:
+            try:
+                self.setup()
+                if self.placement is not None and self.placement.is_reward_rank:
+                    return self.placement.serve()  # scores micro-batches until the actor ranks stop it
+                return self._loop(signals)
+            except RuntimeError as exc:
+                from verl_bridge.distributed.watchdog import explain_timeout, is_timeout
+
+                if is_timeout(exc) and dist.is_initialized() and dist.get_world_size() > 1:
+                    raise explain_timeout(exc, dist.get_rank(), dist.get_world_size()) from exc
+                raise
+            finally:
+                self._release_run_dir()
+
+    def _stop_groups(self) -> tuple:
+        """Groups whose product covers the training ranks (a placed reward group does not take part)."""
+        from verl_bridge.distributed import model_parallel_state
+
+        mps = model_parallel_state()
+        pp = mps.pp_group if mps is not None and mps.pp_size > 1 else None
+        groups = tuple(g for g in (self.layout.tp_group, self.layout.dp_group, pp) if g is not None)
+        return groups if self.placement is not None else ()  # no placement: the whole world, one reduction
+
+    def _loop(self, signals) -> list[dict]:
         from verl_bridge.checkpoint.trainer_state import resume_trainer, save_trainer_checkpoint
         from verl_bridge.runtime.evaluation import should_evaluate
+        from verl_bridge.runtime.stop import Stopped
 
         state = self.state
         resumed = resume_trainer(state)
@@ -247,12 +312,15 @@ class MegatronTrainer:
         else:
             self.logger.reset()
         total = self.config.trainer.total_steps
+        groups = self._stop_groups()
+        device = self.device if self.device.type == "cuda" else None
         try:
             if state.step == 0 and should_evaluate(self.config, 0):  # eval-only record at step 0
                 e = self.evaluate(0)
                 self.history.append({"step": 0, **e})
                 self.logger.log(0, e)
             first = state.step  # a resumed run starts after its checkpoint
+            saved = first
             every, saves = self.config.trainer.save_every, self._saves_checkpoints()
             while state.step < total:
                 state.step += 1
@@ -267,6 +335,10 @@ class MegatronTrainer:
                 self.logger.log(state.step, m)
                 if saves and every and state.step % every == 0:
                     save_trainer_checkpoint(state, state.step)
+                    saved = state.step
+                signum = signals.agreed(groups, device)  # every rank: the same answer at the same step
+                if signum is not None:
+                    raise self._stop(signum, saves, saved, Stopped)
             # trainer.save_every: 0 means "only at the end"; with N, the end is saved too when it is not
             # a multiple of N (as Megatron-LM's train() does)
             if saves and state.step > first and not (every and state.step % every == 0):
@@ -276,3 +348,22 @@ class MegatronTrainer:
             if self.placement is not None:
                 self.placement.close()
         return self.history
+
+    def _stop(self, signum: int, saves: bool, saved: int, stopped_cls):
+        """Save the last finished step (unless just saved) and build the :class:`Stopped` to raise."""
+        import signal as _signal
+
+        from verl_bridge.checkpoint.trainer_state import save_trainer_checkpoint
+
+        step, name = self.state.step, _signal.Signals(signum).name
+        if saves and saved != step:
+            save_trainer_checkpoint(self.state, step)
+        if saves:
+            msg = (f"stopped by {name} after step {step}; checkpoint of step {step} saved in "
+                   f"{self.config.trainer.output_dir}/checkpoints. Resume with the same command plus "
+                   "trainer.resume=auto")
+        else:
+            msg = f"stopped by {name} after step {step}; no trainer.output_dir, so nothing was saved"
+        if self.is_logger:
+            info(msg)
+        return stopped_cls(signum, step, saves, msg)
