@@ -234,6 +234,22 @@ EXPECT = {
         {"algorithm.kl.coef": 18, "data.max_prompt_length": 20},
         [], ["comes from the command line (--base_ckpt", "trainer.total_steps=25 steps (`break`)"],
         {"absent": ["model.actor.args.model_name_or_path", "trainer.save_every", "algorithm.kl.target"]}),
+    # nested tyro dataclasses (default_factory) through a parse helper returning a tuple; a field the helper
+    # overwrites at run time is never its stale default (minibatch left out, in unmapped with its expression);
+    # the optimizer branch the defaults take (the script's Adam subclass, not the dead weight_decay=0.5 one);
+    # GenerationConfig handed to generate; one optimizer over policy + value head = critic lr; GAE roles by
+    # name (discount / trace_decay); a reward helper that takes a model is not model.reward.args.path
+    "tyro_shared_head_ppo": ("migrated", {
+        "algorithm.name": "ppo", "algorithm.gamma": 0.99, "algorithm.lam": 0.9, "algorithm.clip_ratio": 0.15,
+        "algorithm.value_clip": 0.3, "algorithm.vf_coef": 0.25, "algorithm.ppo_epochs": 3,
+        "algorithm.kl.coef": 0.04, "optim.actor.lr": 2e-6, "optim.actor.eps": 1e-6, "optim.actor.weight_decay": 0.0,
+        "optim.critic.lr": 2e-6, "rollout.temperature": 0.8, "data.max_response_length": 20, "rollout.top_k": 0,
+        "trainer.total_steps": 300, "model.actor.args.model_name_or_path": "acme/pico-lm"},
+        {"algorithm.lam": 20, "optim.actor.lr": 27, "algorithm.clip_ratio": 17},
+        [], ["subclass of Adam", "policy and the value head", "takes a model (judge_model)",
+             "shard_size is set at run time"],
+        {"absent": ["algorithm.mini_batch_size", "model.reward.args.path", "data.rollout_batch_size"],
+         "unmapped": ["algorithm.mini_batch_size=<run time: shard_size", "RunKnobs.shards=1"]}),
 }
 
 
