@@ -250,6 +250,18 @@ EXPECT = {
              "shard_size is set at run time"],
         {"absent": ["algorithm.mini_batch_size", "model.reward.args.path", "data.rollout_batch_size"],
          "unmapped": ["algorithm.mini_batch_size=<run time: shard_size", "RunKnobs.shards=1"]}),
+    # every value from a YAML file beside the script (--settings defaults to it), each with its own
+    # file:line; an evaluation pass reuses the rollout helper with other counts / lengths / temperature:
+    # the loop's own call decides; seed and evaluation interval from the loop's code
+    "yaml_project/train_from_yaml": ("migrated", {
+        "algorithm.name": "grpo", "algorithm.group_size": 6, "algorithm.clip_ratio": 0.25,
+        "algorithm.kl.coef": 0.02, "optim.actor.lr": 3e-6, "optim.actor.weight_decay": 0.05,
+        "optim.actor.betas": [0.9, 0.98], "trainer.total_steps": 120, "trainer.seed": 2024,
+        "trainer.eval_every": 15, "rollout.temperature": 0.9, "data.max_response_length": 200,
+        "model.actor.args.model_name_or_path": "models/pico-instruct"},
+        {}, [], [],
+        {"provenance": {"optim.actor.lr": "hparams.yaml:5", "algorithm.group_size": "hparams.yaml:9",
+                        "data.max_response_length": "hparams.yaml:11", "rollout.temperature": "hparams.yaml:12"}}),
 }
 
 
@@ -268,7 +280,8 @@ def _migrate(name: str):
 
 def test_corpus_is_large_enough():
     files = [f[:-3] for f in os.listdir(FIX) if f.endswith(".py")]
-    files += ["local_project/train_grpo_local", "dschat_project/training/step3/main", "class_project/run_grpo"]
+    files += ["local_project/train_grpo_local", "dschat_project/training/step3/main", "class_project/run_grpo",
+              "yaml_project/train_from_yaml"]
     assert len(files) >= 25
     assert set(EXPECT) == set(files)
 
@@ -283,7 +296,7 @@ def test_fixture(name):
     for key, value in config.items():
         assert key in res.config, (key, res.config, res.warnings)
         assert res.config[key] == pytest.approx(value) if isinstance(value, float) else res.config[key] == value
-        assert res.provenance[key].split(":")[0].endswith(".py") or \
+        assert res.provenance[key].split(":")[0].endswith((".py", ".yaml")) or \
             res.provenance[key] == res.defaults_used.get(key, {}).get("from"), res.provenance[key]
     for key, line in lines.items():
         assert res.provenance[key] == f"{base}.py:{line}"
@@ -327,7 +340,7 @@ def test_every_canonical_key_is_from_the_source_or_listed(name):
     res = _migrate(name)
     base = os.path.basename(name)
     for key in CANONICAL_KEYS:
-        from_source = key in res.config and res.provenance[key].split(":")[0].endswith(".py")
+        from_source = key in res.config and res.provenance[key].split(":")[0].endswith((".py", ".yaml", ".yml"))
         if key == "algorithm.clip_ratio" and "algorithm.clip_ratio_low" in res.config:
             continue
         assert from_source != (key in res.defaults_used), (key, res.provenance.get(key), res.defaults_used.get(key))
