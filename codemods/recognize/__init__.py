@@ -112,6 +112,8 @@ class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, ConfigSites
         self.extract_hooks(trl)
         self.extract_reward()
         self.warn_semantics()
+        if not trl:
+            self.probe_loss_agg()
         self.unsupported()
 
 

@@ -48,6 +48,19 @@ spec = json.loads(sys.stdin.read())
 if spec["torch"]:
     import torch
     import torch.nn.functional as F
+import builtins, io, os
+_real_open = builtins.open
+def _read_only_open(file, mode="r", *a, **k):
+    if any(c in str(mode) for c in "wax+"):
+        raise PermissionError("file writes are disabled in the verl-bridge probe")
+    return _real_open(file, mode, *a, **k)
+builtins.open = io.open = _read_only_open
+def _denied(*a, **k):
+    raise PermissionError("disabled in the verl-bridge probe")
+for _n in ("remove", "unlink", "rename", "replace", "rmdir", "removedirs", "mkdir", "makedirs", "truncate", "chmod",
+           "chown", "system", "popen", "kill", "fork", "execv", "execve", "symlink", "link", "utime"):
+    if hasattr(os, _n):
+        setattr(os, _n, _denied)
 class _NoNet(socket.socket):
     def __init__(self, *a, **k):
         raise OSError("network disabled in the verl-bridge probe")
@@ -175,6 +188,46 @@ def _classify(shape: str, got: list) -> Optional[tuple]:
 
 
 class ProbeMixin:
+    def probe_loss_agg(self) -> None:
+        """``algorithm.loss_agg_mode`` from running the project's masked-mean helper that aggregates the
+        policy loss (``pg_loss = masked_mean(x, mask)``) on a ragged synthetic batch: a token mean over a
+        micro-batch of ONE sequence (a proven ``micro_batch_size: 1``), gradients accumulated over
+        micro-batches, is the per-sequence token mean averaged over sequences: seq-mean-token-mean."""
+        if "algorithm.loss_agg_mode" in self.a.config or self.a.config.get("algorithm.micro_batch_size") != 1:
+            return
+        prov = self.a.provenance.get("algorithm.micro_batch_size", "")
+        if not re.match(r"[\w./-]+\.py:\d+$", prov):
+            return
+        for node, info in self.p.nodes_of(cst.Assign):
+            if not (isinstance(node.value, cst.Call) and len(node.targets) == 1 and
+                    isinstance(node.targets[0].target, cst.Name) and
+                    re.fullmatch(r"pg_?loss|policy_loss|actor_loss|pg_losses?", node.targets[0].target.value)):
+                continue
+            if not any(x is self.main_loop for x in self.p.ancestors(node)):
+                continue
+            t = self.p.resolve_callee(node.value, info)
+            if t is None or len([a for a in node.value.args if a.keyword is None]) != 2:
+                continue
+            f = t[0]
+            if f.cls is not None or not all(_pure(n.value) if isinstance(n, (cst.Assign, cst.Return)) and
+                                            n.value is not None else True for n in walk(f.node.body)):
+                continue
+            code = (cst.Module([]).code_for_node(f.node) + "\n"
+                    "x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])\n"
+                    "m = torch.tensor([[True, True, False], [True, False, False]])\n"
+                    f"__cap.append({f.name}(x, m))\n")
+            res = run_blocks([{"code": code, "inputs": ["_r"], "consts": {}, "scope": "batch", "cap_last": True,
+                               "flags": [], "torch": True}])
+            if not res or not res[0]:
+                return
+            out = res[0][0]["out"]
+            if len(out) == 1 and abs(out[0] - 7.0 / 3.0) < 1e-6:
+                self.emit("algorithm.loss_agg_mode", Known("seq-mean-token-mean", self.p.line(node)))
+                self.a.warn(f"algorithm.loss_agg_mode: {f.name}() ({self.loc(self.p.line(f.node))}) ran on a ragged "
+                            "synthetic batch in the sandbox and returned the token mean; over micro-batches of one "
+                            f"sequence ({prov}) with accumulated gradients that is seq-mean-token-mean")
+            return
+
     def probe_advantages(self) -> Optional[tuple]:
         """(estimator, norm_by_std, line, detail) found by running the block that centres the rewards on
         synthetic rewards, or None. Sets ``self.probe_note`` to what was (not) run."""
@@ -219,6 +272,8 @@ class ProbeMixin:
                 ev = self.p.ev_param(info, nm) if info is not None and nm in info.params else None
                 if isinstance(ev, Known) and isinstance(ev.value, int) and not isinstance(ev.value, bool):
                     self.probe_group = (ev, nm)
+            if info is not None:
+                self.advantage_funcs = getattr(self, "advantage_funcs", set()) | {id(info.node)}
             stds = {c[1] for c, _ in hits}
             if len(stds) == 1:
                 c = hits[0][0]
@@ -504,6 +559,8 @@ def run_blocks(blocks: list, timeout: float = 60.0) -> Optional[list]:
 
     def limits():
         import resource
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), not the process
         resource.setrlimit(resource.RLIMIT_CPU, (int(timeout), int(timeout)))
         resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # no file can be written
         try:

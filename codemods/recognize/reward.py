@@ -52,7 +52,9 @@ class RewardMixin:
                         target = self.p.resolve_callee(n, sc)
                         if target is not None and target[0].cls is None and target[0].parent is None:
                             top_level.append((target[0], n))
-        fns = {f.qual: (f, n) for f, n in top_level}
+        # the function that turns rewards into advantages (found by the probe) is not the reward
+        adv_funcs = getattr(self, "advantage_funcs", set())
+        fns = {f.qual: (f, n) for f, n in top_level if id(f.node) not in adv_funcs}
         if len(fns) > 1:
             # reward helpers calling each other: keep the outermost one
             called = set()

@@ -8,10 +8,20 @@ def test_asymmetric_clip():
     assert r.a.config["algorithm.clip_ratio_low"] == 0.2 and r.a.config["algorithm.clip_ratio_high"] == 0.28
 
 
-def test_no_clipped_ratio_is_a_refusal_with_the_edit():
+def test_no_clipped_ratio_one_step_per_batch_is_one_ppo_epoch():
     r = recognizer(GRPO.replace("torch.clamp(ratio, 1 - 0.2, 1 + 0.2)", "ratio"))
+    assert r.a.status == "migrate", r.a.reasons
+    assert r.a.config["algorithm.ppo_epochs"] == 1 and "algorithm.clip_ratio" not in r.a.config
+    assert any("clip range (clip_ratio) has no effect" in w for w in r.a.warnings)
+
+
+def test_no_clipped_ratio_several_steps_per_batch_is_refused_naming_the_step():
+    src = GRPO.replace("torch.clamp(ratio, 1 - 0.2, 1 + 0.2)", "ratio").replace(
+        "        loss.backward()\n        opt.step()\n",
+        "        for _ in range(3):\n            loss.backward()\n            opt.step()\n")
+    r = recognizer(src)
     assert r.a.status == "refuse"
-    assert any("t.py:" in x and "clipped ratio" in x for x in r.a.reasons)
+    assert any("`opt.step()` runs inside an inner loop" in x and "t.py:" in x for x in r.a.reasons), r.a.reasons
 
 
 def test_entropy_coefficient():
