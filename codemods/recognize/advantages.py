@@ -135,8 +135,10 @@ class AdvantagesMixin:
                     if g is None:
                         named = [c for c in consts if GAMMA_NAME_RE.search(_last_name(c))]
                         lamed = [c for c in consts if LAM_NAME_RE.search(_last_name(c))]
-                        if len(named) == 1 and len(lamed) == 1 and named[0] is not lamed[0]:
-                            g = named[0]
+                        if len(named) == 1 and named[0] not in lamed:
+                            g = named[0]  # gamma named; the other factor is lambda
+                        elif len(lamed) == 1 and lamed[0] not in named:
+                            g = consts[1] if lamed[0] is consts[0] else consts[0]
                     if g is None:
                         self.a.warn(f"{self.loc(self.p.line(node))}: GAE recursion `{_code(node.value)}`: which "
                                     "factor is gamma and which is lambda is not bound by name; algorithm.gamma and "

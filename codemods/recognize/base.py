@@ -172,6 +172,8 @@ class RecognizerBase:
             self.a.provenance.setdefault(key, self.loc(ev.line))
         elif isinstance(ev, Runtime):
             self.a.warn(f"{key} is left out: {ev.why} ({self.loc(ev.line)})")
+            # the report's unmapped list names it with the expression it is computed from
+            self.__dict__.setdefault("runtime_left", {}).setdefault(key, f"{key}=<run time: {ev.why}> ({self.loc(ev.line)})")
         else:
             if what:
                 self.a.warn(f"{key} is left out: {what} is not a static value")

@@ -39,7 +39,10 @@ class ConfigSitesMixin:
         if isinstance(v, (Known, Runtime)):
             return v
         node, sc = v
-        return self.p.ev(node, sc)
+        got = self.p.ev(node, sc)
+        if got is None:
+            got = self.bind_at_loop_site(node, sc)  # values.py: the loop's own call of the helper
+        return got
 
     def rollout_kwargs(self, call, scope, info: Optional[FuncInfo] = None) -> None:
         names = {"temperature": "rollout.temperature", "top_p": "rollout.top_p",

@@ -190,9 +190,13 @@ class LoopsMixin:
                 # micro-batches; the minibatch is several of them (left out unless proven)
                 self.emit("algorithm.micro_batch_size", self.p.ev(node, sc), "the micro-batch size")
                 mini_seen = True
-                self.a.warn(f"{self.loc(self.p.line(node))}: the optimizer does not step in every iteration of this "
-                            "loop (gradient accumulation): its stride is the micro-batch size; "
-                            "algorithm.mini_batch_size is left out")
+                gated = self.gated_step(self.__dict__.get("range_loops", {}).get(id(node)), node, sc)  # values.py
+                if isinstance(gated, Known):  # `if samples_seen % k == 0: optimizer.step()`: k samples per step
+                    self.emit("algorithm.mini_batch_size", gated, "the samples per optimizer step")
+                else:
+                    self.a.warn(f"{self.loc(self.p.line(node))}: the optimizer does not step in every iteration of "
+                                "this loop (gradient accumulation): its stride is the micro-batch size; "
+                                "algorithm.mini_batch_size is left out")
             elif kind in ("range3", "split") and not mini_seen:
                 stop = self.__dict__.get("range_stops", {}).get(id(node))
                 gated = self.gated_step(self.__dict__.get("range_loops", {}).get(id(node)), node, sc)  # values.py

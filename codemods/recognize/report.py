@@ -52,6 +52,7 @@ class ReportMixin:
             for key in MODEL_SOURCES:
                 a.defaults_used[key] = {"value": None, "from": "verl-bridge default"}
         a.unmapped = self.unmapped_hyperparameters()
+        a.unmapped += [u for k, u in getattr(self, "runtime_left", {}).items() if k not in a.config]
         self.drop_role_conflicts()  # values.py: never a certain value that an unused flag of that role contradicts
         if self.cli_values_used():
             a.warn("values read from command-line parser defaults (argparse / HfArgumentParser / dataclass "

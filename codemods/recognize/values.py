@@ -229,6 +229,32 @@ class ValuesMixin:
         d = self.p.ev(den, sc)
         return same and isinstance(d, Known) and d.value == 1 and not isinstance(d.value, bool)
 
+    def bind_at_loop_site(self, node, scope):
+        """A parameter of a helper the loop calls (``sample_group(..., heat=cfg["sampling"]["heat"])``),
+        whose other callers (an evaluation pass) pass other values: its value at the loop's call."""
+        if not (isinstance(node, cst.Name) and scope is not None and node.value in scope.params
+                and node.value not in scope.assigns):
+            return None
+        loop = getattr(self, "main_loop", None)
+        if loop is None:
+            return None
+        sites = []
+        for c in walk(loop):
+            if isinstance(c, cst.Call):
+                t = self.p.resolve_callee(c, self.loop_func)
+                if t is not None and t[0] is scope:
+                    sites.append((c, t[1]))
+        if len(sites) != 1:
+            return None
+        call, offset = sites[0]
+        idx, param = scope.params[node.value]
+        arg = self.p._arg_for(call, idx, node.value, offset)
+        if arg == "star":
+            return None
+        if arg is None:
+            return self.p.ev(param.default, None) if param.default is not None else None
+        return self.p.ev(arg, self.loop_func)
+
     def none_by_default(self, node, scope) -> bool:
         """*node* is None with the script's defaults: ``optimizer = None`` and an ``optimizer = Adafactor(...)``
         only under ``if args.adafactor:`` (default False). TRL then builds its own Adam at learning_rate."""

@@ -234,6 +234,34 @@ EXPECT = {
         {"algorithm.kl.coef": 18, "data.max_prompt_length": 20},
         [], ["comes from the command line (--base_ckpt", "trainer.total_steps=25 steps (`break`)"],
         {"absent": ["model.actor.args.model_name_or_path", "trainer.save_every", "algorithm.kl.target"]}),
+    # nested tyro dataclasses (default_factory) through a parse helper returning a tuple; a field the helper
+    # overwrites at run time is never its stale default (minibatch left out, in unmapped with its expression);
+    # the optimizer branch the defaults take (the script's Adam subclass, not the dead weight_decay=0.5 one);
+    # GenerationConfig handed to generate; one optimizer over policy + value head = critic lr; GAE roles by
+    # name (discount / trace_decay); a reward helper that takes a model is not model.reward.args.path
+    "tyro_shared_head_ppo": ("migrated", {
+        "algorithm.name": "ppo", "algorithm.gamma": 0.99, "algorithm.lam": 0.9, "algorithm.clip_ratio": 0.15,
+        "algorithm.value_clip": 0.3, "algorithm.vf_coef": 0.25, "algorithm.ppo_epochs": 3,
+        "algorithm.kl.coef": 0.04, "optim.actor.lr": 2e-6, "optim.actor.eps": 1e-6, "optim.actor.weight_decay": 0.0,
+        "optim.critic.lr": 2e-6, "rollout.temperature": 0.8, "data.max_response_length": 20, "rollout.top_k": 0,
+        "trainer.total_steps": 300, "model.actor.args.model_name_or_path": "acme/pico-lm"},
+        {"algorithm.lam": 20, "optim.actor.lr": 27, "algorithm.clip_ratio": 17},
+        [], ["subclass of Adam", "policy and the value head", "takes a model (judge_model)",
+             "shard_size is set at run time"],
+        {"absent": ["algorithm.mini_batch_size", "model.reward.args.path", "data.rollout_batch_size"],
+         "unmapped": ["algorithm.mini_batch_size=<run time: shard_size", "RunKnobs.shards=1"]}),
+    # every value from a YAML file beside the script (--settings defaults to it), each with its own
+    # file:line; an evaluation pass reuses the rollout helper with other counts / lengths / temperature:
+    # the loop's own call decides; seed and evaluation interval from the loop's code
+    "yaml_project/train_from_yaml": ("migrated", {
+        "algorithm.name": "grpo", "algorithm.group_size": 6, "algorithm.clip_ratio": 0.25,
+        "algorithm.kl.coef": 0.02, "optim.actor.lr": 3e-6, "optim.actor.weight_decay": 0.05,
+        "optim.actor.betas": [0.9, 0.98], "trainer.total_steps": 120, "trainer.seed": 2024,
+        "trainer.eval_every": 15, "rollout.temperature": 0.9, "data.max_response_length": 200,
+        "model.actor.args.model_name_or_path": "models/pico-instruct"},
+        {}, [], [],
+        {"provenance": {"optim.actor.lr": "hparams.yaml:5", "algorithm.group_size": "hparams.yaml:9",
+                        "data.max_response_length": "hparams.yaml:11", "rollout.temperature": "hparams.yaml:12"}}),
 }
 
 
@@ -252,7 +280,8 @@ def _migrate(name: str):
 
 def test_corpus_is_large_enough():
     files = [f[:-3] for f in os.listdir(FIX) if f.endswith(".py")]
-    files += ["local_project/train_grpo_local", "dschat_project/training/step3/main", "class_project/run_grpo"]
+    files += ["local_project/train_grpo_local", "dschat_project/training/step3/main", "class_project/run_grpo",
+              "yaml_project/train_from_yaml"]
     assert len(files) >= 25
     assert set(EXPECT) == set(files)
 
@@ -267,7 +296,7 @@ def test_fixture(name):
     for key, value in config.items():
         assert key in res.config, (key, res.config, res.warnings)
         assert res.config[key] == pytest.approx(value) if isinstance(value, float) else res.config[key] == value
-        assert res.provenance[key].split(":")[0].endswith(".py") or \
+        assert res.provenance[key].split(":")[0].endswith((".py", ".yaml")) or \
             res.provenance[key] == res.defaults_used.get(key, {}).get("from"), res.provenance[key]
     for key, line in lines.items():
         assert res.provenance[key] == f"{base}.py:{line}"
@@ -311,7 +340,7 @@ def test_every_canonical_key_is_from_the_source_or_listed(name):
     res = _migrate(name)
     base = os.path.basename(name)
     for key in CANONICAL_KEYS:
-        from_source = key in res.config and res.provenance[key].split(":")[0].endswith(".py")
+        from_source = key in res.config and res.provenance[key].split(":")[0].endswith((".py", ".yaml", ".yml"))
         if key == "algorithm.clip_ratio" and "algorithm.clip_ratio_low" in res.config:
             continue
         assert from_source != (key in res.defaults_used), (key, res.provenance.get(key), res.defaults_used.get(key))
