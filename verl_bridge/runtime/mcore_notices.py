@@ -32,6 +32,8 @@ KNOWN = (
     (re.compile(r"(Transformer Engine|Apex)( and Apex)? (is|are) not installed\. Falling back to (?P<what>.+)",
                 re.S), "fallback"),
     (re.compile(r"full scope is deprecated\. Use empty cuda_graph_scope"), None),
+    # megatron-core 0.19's hyper_comm_grid.py at import: it logs through the standard logging module instead
+    (re.compile(r"absl\.logging is not installed\. Using logging\.getLogger"), None),
     # tensor_parallel/layers.py, first TP>1 backward: CUDA stream advice, moot without CUDA (kept on a GPU)
     (re.compile(r"set the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1"), "cpu-only"),
 )
