@@ -117,8 +117,8 @@ def _collective(exc: BaseException) -> str:
     return f"{op}{where}"
 
 
-def silent_ranks(world_size: int, me: int) -> list[str]:
-    """``rank R (host H, pid P): no heartbeat for S s`` for each peer whose heartbeat stopped."""
+def _silent_peers(world_size: int, me: int) -> list[tuple[int, Optional[str], Optional[int], Optional[float]]]:
+    """``(rank, host, pid, seconds since its last beat)`` of each peer whose heartbeat stopped."""
     if _HEARTBEAT is None:
         return []
     store, now, stale = _HEARTBEAT.store, time.time(), []
@@ -133,18 +133,58 @@ def silent_ranks(world_size: int, me: int) -> list[str]:
         try:
             stamp, host, pid = store.get(f"{_PREFIX}{r}").decode().split()
         except Exception:  # noqa: BLE001 - a store on a stopped rank 0 cannot answer
-            stale.append(f"rank {r} (its heartbeat could not be read)")
+            stale.append((r, None, None, None))
             continue
         age = now - float(stamp)
         if age > limit:
-            stale.append(f"rank {r} (host {host}, pid {pid}): no heartbeat for {age:.0f} s")
+            stale.append((r, host, int(pid), age))
     return stale
+
+
+def silent_ranks(world_size: int, me: int) -> list[str]:
+    """``rank R (host H, pid P): no heartbeat for S s`` for each peer whose heartbeat stopped."""
+    return [f"rank {r} (its heartbeat could not be read)" if host is None
+            else f"rank {r} (host {host}, pid {pid}): no heartbeat for {age:.0f} s"
+            for r, host, pid, age in _silent_peers(world_size, me)]
+
+
+def _stopped(pid: int) -> bool:
+    """True when ``pid`` is a stopped process of this host (state T/t in /proc: SIGSTOP, a debugger)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+def end_stopped_peers(world_size: int, me: int) -> list[str]:
+    """SIGKILL the silent peers that are stopped processes on this host; what was ended.
+
+    A stopped process cannot act on torchrun's SIGTERM, so torchrun would wait its fixed 30 s grace
+    before killing it; the job is over anyway (a collective timed out), so it ends now, within
+    ``trainer.collective_timeout_s``. Running (hung) peers are left to torchrun's SIGTERM.
+    """
+    import signal
+
+    host = socket.gethostname()
+    ended = []
+    for r, h, pid, _ in _silent_peers(world_size, me):
+        if h == host and pid and pid != os.getpid() and _stopped(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                ended.append(f"rank {r} (pid {pid})")
+            except OSError:
+                pass
+    return ended
 
 
 def explain_timeout(exc: BaseException, rank: int, world_size: int) -> CollectiveTimeout:
     peers = silent_ranks(world_size, rank)
     who = ("; not responding: " + ", ".join(peers)) if peers else (
         "; every peer's heartbeat is current, so a peer is slow or blocked in other code")
+    ended = end_stopped_peers(world_size, rank)
+    if ended:
+        who += f" ({', '.join(ended)} was a stopped process on this host and has been killed so the job ends now)"
     return CollectiveTimeout(
         f"rank {rank}: {_collective(exc)} did not complete within trainer.collective_timeout_s="
         f"{_TIMEOUT_S:g} s{who}. The job stops; a stopped (SIGSTOP) or hung peer process is the usual cause "
