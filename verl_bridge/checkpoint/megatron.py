@@ -417,7 +417,8 @@ def _legacy_path(load_dir, iteration, ranks) -> Path:
     return candidates[0]
 
 
-def _load_torch_dist(d: Path, model, ranks: dict, strict: bool, trust: bool = False) -> dict:
+def _load_torch_dist(d: Path, model, ranks: dict, strict: bool, trust: bool = False,
+                     model_only: bool = False) -> dict:
     """Read a torch_dist iteration through megatron-core with every pickle behind the allowlist
     (:mod:`verl_bridge.checkpoint.safe_torch_dist`); ``trust=True`` uses megatron-core's stock path."""
     from megatron.core import dist_checkpointing
@@ -429,7 +430,9 @@ def _load_torch_dist(d: Path, model, ranks: dict, strict: bool, trust: bool = Fa
         raise CheckpointError(f"loading the torch_dist checkpoint {d} needs model= (its sharded state dict)")
     std.read_metadata(d / std.METADATA_FILE, trust=trust)  # refuses a payload before megatron reads anything
     common = std.load_common(d, trust=trust)
-    keys = common.get("verl_bridge_sharded_objects", ["rng_state"])
+    # model_only: the per-(PP, TP)-rank objects (optimizer, RNG) are left unread; a reader in another
+    # layout (convert's world of one) could not name them anyway
+    keys = [] if model_only else common.get("verl_bridge_sharded_objects", ["rng_state"])
     sharded = {"model": model.sharded_state_dict()}
     for key in keys:
         sharded[key] = ShardedObject(key, None, (ranks["pp_size"], ranks["tp_size"]),
@@ -458,7 +461,7 @@ def _load_torch_dist(d: Path, model, ranks: dict, strict: bool, trust: bool = Fa
 
 
 def load(load_dir, iteration: Optional[int] = None, *, model=None, strict: bool = True, trust: bool = False,
-         validated: bool = False) -> dict:
+         validated: bool = False, model_only: bool = False) -> dict:
     """This rank's state of iteration *iteration* (newest valid one when None).
 
     With ``model=`` the weights are also loaded into it (required for torch_dist, whose tensors
@@ -467,7 +470,8 @@ def load(load_dir, iteration: Optional[int] = None, *, model=None, strict: bool 
     just did). When *iteration* is None and the newest checkpoint turns out unreadable, falls back to the
     previous valid one (logged). Raises :class:`CheckpointError` when nothing can be loaded, or
     when a file needs a type outside the safe-loading allowlist (never unpickled; ``trust=True``
-    is the explicit opt-in for a trusted checkpoint).
+    is the explicit opt-in for a trusted checkpoint). ``model_only=True`` (torch_dist) reads the
+    weights only, not the per-(PP, TP)-rank optimizer and RNG objects.
     """
     load_dir = Path(load_dir)
     auto = iteration is None
@@ -480,7 +484,7 @@ def load(load_dir, iteration: Optional[int] = None, *, model=None, strict: bool 
             d = iter_dir(load_dir, it)
             ranks = _ranks()
             if is_torch_dist_dir(d):
-                state = _load_torch_dist(d, model, ranks, strict, trust)
+                state = _load_torch_dist(d, model, ranks, strict, trust, model_only)
             else:
                 state = safe_load(_legacy_path(load_dir, it, ranks), trust=trust)
                 if model is not None:
