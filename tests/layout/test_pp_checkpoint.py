@@ -123,9 +123,9 @@ def test_sigkill_then_resume_matches_uninterrupted_and_exports_to_hf(uninterrupt
 
     rows = _rows(run)
     assert [x["step"] for x in rows] == list(range(1, STEPS + 1))
-    for got, want in zip(rows, ref):
+    for got, want in zip(rows, ref):  # CPU, fp32, fixed seeds: bit-identical (measured)
         for key in COMPARED:
-            assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-7), (fmt, got["step"], key, got[key], want[key])
+            assert got[key] == want[key], (fmt, got["step"], key, got[key], want[key])
 
     # (c) the TP2xPP2 actor checkpoint -> HF: loads in transformers; the resumed run's final weights
     # are the uninterrupted run's
@@ -143,7 +143,7 @@ def test_sigkill_then_resume_matches_uninterrupted_and_exports_to_hf(uninterrupt
         exports[name] = load_file(out / "model.safetensors")
     assert exports["ref"].keys() == exports["resumed"].keys()
     for k, v in exports["ref"].items():
-        torch.testing.assert_close(exports["resumed"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+        assert torch.equal(exports["resumed"][k], v), k
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf_resumed")
     sd = model.state_dict()
     for k, v in exports["resumed"].items():
