@@ -325,7 +325,7 @@ def read_full_megatron(src_dir, iteration=None) -> tuple[dict, argparse.Namespac
             args = common["args"]
             meta = common.get("verl_bridge", {})
             model = _full_tp1_model(args, meta.get("arch") or _arch_from_args(args))
-            load(src_dir, iteration, model=model, validated=True)
+            load(src_dir, iteration, model=model, validated=True, model_only=True)  # any TP x PP it was saved at
             full = {k: v.detach().clone() for k, v in model.state_dict().items()
                     if not k.endswith("._extra_state") and v is not None}
         return full, args, meta

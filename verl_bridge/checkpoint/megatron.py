@@ -417,7 +417,8 @@ def _legacy_path(load_dir, iteration, ranks) -> Path:
     return candidates[0]
 
 
-def _load_torch_dist(d: Path, model, ranks: dict, strict: bool, trust: bool = False) -> dict:
+def _load_torch_dist(d: Path, model, ranks: dict, strict: bool, trust: bool = False,
+                     model_only: bool = False) -> dict:
     """Read a torch_dist iteration through megatron-core with every pickle behind the allowlist
     (:mod:`verl_bridge.checkpoint.safe_torch_dist`); ``trust=True`` uses megatron-core's stock path."""
     from megatron.core import dist_checkpointing
@@ -431,9 +432,17 @@ def _load_torch_dist(d: Path, model, ranks: dict, strict: bool, trust: bool = Fa
     common = std.load_common(d, trust=trust)
     keys = common.get("verl_bridge_sharded_objects", ["rng_state"])
     sharded = {"model": model.sharded_state_dict()}
-    for key in keys:
-        sharded[key] = ShardedObject(key, None, (ranks["pp_size"], ranks["tp_size"]),
-                                     (ranks["pp_rank"], ranks["tp_rank"]), replica_id=ranks["dp_rank"])
+    if model_only:  # a reader in another layout (convert's world of one) reads every saved rank's
+        args = common.get("args")  # objects (megatron wants them all; the same allowlisted reader)
+        shape = (getattr(args, "pipeline_model_parallel_size", 1) or 1, getattr(args, "tensor_model_parallel_size", 1) or 1)
+        for key in keys:
+            for p in range(shape[0]):
+                for t in range(shape[1]):
+                    sharded[f"{key}@{p}.{t}"] = ShardedObject(key, None, shape, (p, t), replica_id=0)
+    else:
+        for key in keys:
+            sharded[key] = ShardedObject(key, None, (ranks["pp_size"], ranks["tp_size"]),
+                                         (ranks["pp_rank"], ranks["tp_rank"]), replica_id=ranks["dp_rank"])
     try:
         if trust:
             log.warning("loading %s with trust=True: megatron-core's stock reader unpickles without restriction", d)
@@ -454,11 +463,16 @@ def _load_torch_dist(d: Path, model, ranks: dict, strict: bool, trust: bool = Fa
             f"torch_dist checkpoint {d} could not be read: {type(inner).__name__}: {inner}") from None
     model.load_state_dict(loaded["model"], strict=strict)
     loaded.pop("verl_bridge_sharded_objects", None)
+    if model_only:
+        for key in keys:
+            loaded[key] = loaded.get(f"{key}@0.0")
+        for name in [n for n in loaded if "@" in n]:
+            del loaded[name]
     return loaded
 
 
 def load(load_dir, iteration: Optional[int] = None, *, model=None, strict: bool = True, trust: bool = False,
-         validated: bool = False) -> dict:
+         validated: bool = False, model_only: bool = False) -> dict:
     """This rank's state of iteration *iteration* (newest valid one when None).
 
     With ``model=`` the weights are also loaded into it (required for torch_dist, whose tensors
@@ -467,7 +481,8 @@ def load(load_dir, iteration: Optional[int] = None, *, model=None, strict: bool 
     just did). When *iteration* is None and the newest checkpoint turns out unreadable, falls back to the
     previous valid one (logged). Raises :class:`CheckpointError` when nothing can be loaded, or
     when a file needs a type outside the safe-loading allowlist (never unpickled; ``trust=True``
-    is the explicit opt-in for a trusted checkpoint).
+    is the explicit opt-in for a trusted checkpoint). ``model_only=True`` (torch_dist): the weights into
+    *model* at any layout; the optimizer and RNG objects returned are the saved layout's rank (0, 0).
     """
     load_dir = Path(load_dir)
     auto = iteration is None
@@ -480,7 +495,7 @@ def load(load_dir, iteration: Optional[int] = None, *, model=None, strict: bool 
             d = iter_dir(load_dir, it)
             ranks = _ranks()
             if is_torch_dist_dir(d):
-                state = _load_torch_dist(d, model, ranks, strict, trust)
+                state = _load_torch_dist(d, model, ranks, strict, trust, model_only)
             else:
                 state = safe_load(_legacy_path(load_dir, it, ranks), trust=trust)
                 if model is not None:

@@ -57,7 +57,31 @@ def _args(state: TrainerState) -> argparse.Namespace:
         data_parallel_size=lay.dp_size, num_layers=model_cfg.num_layers, hidden_size=model_cfg.hidden_size,
         num_attention_heads=model_cfg.num_attention_heads, num_query_groups=model_cfg.num_query_groups,
         ffn_hidden_size=model_cfg.ffn_hidden_size, seed=cfg.trainer.seed, iteration=state.step,
-        ckpt_format=cfg.trainer.checkpoint_format,
+        ckpt_format=cfg.trainer.checkpoint_format, **_model_args(state.roles.actor),
+    )
+
+
+def _model_args(actor) -> dict:
+    """The architecture fields Megatron-LM's ``args`` carry (and ``verl-bridge convert --to hf`` reads
+    to rebuild the model): without them a trained checkpoint matched no registered architecture."""
+    from verl_bridge.compat import unwrap_model
+
+    model, cfg = unwrap_model(actor), actor.config
+    heads, groups = cfg.num_attention_heads, cfg.num_query_groups or cfg.num_attention_heads
+    padded = getattr(model, "vocab_size", None)
+    pos = getattr(model, "position_embedding_type", cfg.position_embedding_type if hasattr(cfg, "position_embedding_type") else "rope")
+    act = getattr(cfg.activation_func, "__name__", "gelu")
+    return dict(
+        kv_channels=cfg.kv_channels or cfg.hidden_size // heads, group_query_attention=groups != heads,
+        max_position_embeddings=getattr(model, "max_sequence_length", None),
+        seq_length=getattr(model, "max_sequence_length", None), position_embedding_type=pos,
+        use_rotary_position_embeddings=pos == "rope", add_position_embedding=pos == "learned_absolute",
+        rotary_base=getattr(model, "rotary_base", 10000), normalization=cfg.normalization,
+        norm_epsilon=cfg.layernorm_epsilon, swiglu=bool(cfg.gated_linear_unit), add_qkv_bias=bool(cfg.add_qkv_bias),
+        add_bias_linear=bool(cfg.add_bias_linear),
+        untie_embeddings_and_output_weights=not getattr(model, "share_embeddings_and_output_weights", False),
+        vocab_size=getattr(model, "hf_vocab_size", None) or padded, padded_vocab_size=padded,
+        sequence_parallel=bool(cfg.sequence_parallel), hf_activation=act if act in ("relu", "silu", "gelu") else "gelu",
     )
 
 

@@ -306,6 +306,9 @@ class MegatronTrainer:
         resumed = resume_trainer(state)
         if resumed is not None:
             state.step = resumed
+            # the engine's weights were filled before the checkpoint was loaded into the actor: at
+            # PP>1 (generation replicas) or with vLLM they are a copy, and would roll out the initial model
+            self.engine.sync_weights()
             self.logger.truncate_after(resumed)
             if self.is_logger:
                 info(f"resumed from step {resumed}")
