@@ -148,13 +148,15 @@ class PortableNorm:
 
     def __new__(cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_unused):
         if config.normalization == "LayerNorm":
-            norm = torch.nn.LayerNorm(hidden_size, eps=eps, dtype=config.params_dtype)
+            norm = torch.nn.LayerNorm(hidden_size, eps=eps)
         elif config.normalization == "RMSNorm":
-            norm = torch.nn.RMSNorm(hidden_size, eps=eps, dtype=config.params_dtype)
+            norm = torch.nn.RMSNorm(hidden_size, eps=eps)
         else:
             raise ValueError(f"PortableNorm: normalization={config.normalization!r}; LayerNorm or RMSNorm")
         if config.layernorm_zero_centered_gamma:
             raise ValueError("PortableNorm: layernorm_zero_centered_gamma is not supported; set it False")
+        # weights in the default dtype, as WrappedTorchNorm (and apex's FusedLayerNorm) create them:
+        # Megatron-LM's get_model() (Float16Module) casts the whole model afterwards
         for p in norm.parameters():
             setattr(p, "sequence_parallel", bool(config.sequence_parallel))
         return norm
