@@ -42,7 +42,9 @@ def _forward_without_shim(rank, world_size):
     ids = torch.randint(0, 16, (2, 8))
     try:
         model(ids, torch.arange(8).expand(2, 8), None)
-    except AssertionError as exc:
+    except (AssertionError, RuntimeError) as exc:
+        # a CPU torch: "Torch not compiled with CUDA enabled"; a CUDA build on a machine without a GPU
+        # (the megatron-core 0.19 tier): "Found no NVIDIA driver on your system"
         return str(exc)
     return None
 
@@ -64,7 +66,7 @@ def _train_with_bridge(rank, world_size, out):
 def test_stock_local_spec_fails_bare_and_trains_through_the_shim(tmp_path):
     # the failure the shim exists for (megatron's module called directly, outside verl-bridge)
     msg = run_distributed(_forward_without_shim, 1)[0]
-    assert msg is not None and "CUDA" in msg
+    assert msg is not None and ("CUDA" in msg or "NVIDIA driver" in msg), msg
     # the same provider, unchanged, through the bridge: rollout, sync probe, experience and update
     losses = run_distributed(_train_with_bridge, 1, str(tmp_path / "run"))[0]
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
