@@ -117,7 +117,9 @@ def test_sigkill_then_resume_matches_uninterrupted_and_exports_to_hf(uninterrupt
     assert KILL_AFTER in published and STEPS not in published, published
     resume_from = max(published)
     t0 = time.monotonic()
-    r = _train(run, fmt, "trainer.resume=auto")
+    # the SIGKILLed run left its run.lock behind; a stale lock is reported, never taken silently, so the
+    # resume says to take it over (what the refusal message tells a user to do)
+    r = _train(run, fmt, "trainer.resume=auto", "trainer.break_stale_lock=true")
     print(f"{fmt}: killed run {t_kill:.1f}s (published {published}), resumed run {time.monotonic() - t0:.1f}s")
     assert f"resumed from step {resume_from}" in r.stdout, r.stdout[-3000:]
 

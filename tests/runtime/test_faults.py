@@ -39,7 +39,10 @@ def _start(cfg, out, *overrides, nproc=2):
     log = open(out.parent / f"{out.name}.log", "ab")
     cmd = [sys.executable, "-m", "verl_bridge.cli", "train", str(cfg), f"--nproc-per-node={nproc}",
            f"trainer.output_dir={out}", *overrides]
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cfg.parent)
+    # launched as from a plain shell: no torch.distributed variables an earlier test left in this process
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cfg.parent, env=env)
 
 
 def _log(out) -> str:
@@ -70,6 +73,8 @@ def _ranks(out) -> dict[int, int]:
         try:
             cmd = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
             if b"verl_bridge.train" not in cmd or f"trainer.output_dir={out}".encode() not in cmd:
+                continue
+            if b"torch.distributed.run" in cmd:  # torchrun itself (its argv names the rank module too)
                 continue
             env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{d}/environ").read_bytes().split(b"\0") if b"=" in kv)
             if b"RANK" in env:
