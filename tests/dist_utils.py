@@ -14,6 +14,19 @@ import traceback
 import torch.multiprocessing as mp
 
 
+# what torchrun / an in-process world of one leave in os.environ (verl_bridge.distributed sets them)
+DIST_ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
+
+
+def clean_env(**extra) -> dict:
+    """``os.environ`` as a plain shell would have it for a launched command: without the
+    torch.distributed variables that earlier in-process runs of this pytest process left behind."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS}
+    env.update(extra)
+    return env
+
+
 def _worker(rank, world_size, port, fn, args, queue):
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),

@@ -19,19 +19,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.dist_utils import clean_env
+
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = {"name", "device", "when", "config", "results", "baseline", "ratio"}
 
 
 def _run(name: str, tmp_path: Path, timeout: int = 420) -> dict:
-    env = dict(os.environ, BENCH_RESULTS_DIR=str(tmp_path), PYTHONWARNINGS="ignore",
-               PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    env.pop("BENCH_OUT", None)
     # a user runs the script from a plain shell: no torch.distributed variables left by earlier tests in
     # this pytest process (accelerate, under TRL, reads WORLD_SIZE/RANK and would rendezvous over env://)
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID"):
-        env.pop(var, None)
+    env = clean_env(BENCH_RESULTS_DIR=str(tmp_path), PYTHONWARNINGS="ignore",
+                    PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env.pop("BENCH_OUT", None)
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--small"], cwd=tmp_path,
                        env=env, capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, f"benchmarks/{name}.py --small exited {p.returncode}:\n{p.stderr[-3000:]}"

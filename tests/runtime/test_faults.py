@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.dist_utils import clean_env
+
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = """\
 trainer: {args: {tp_size: 2, pp_size: 1}, total_steps: 1000000, seed: 1, log_every: 1, progress_bar: false}
@@ -40,9 +42,7 @@ def _start(cfg, out, *overrides, nproc=2):
     cmd = [sys.executable, "-m", "verl_bridge.cli", "train", str(cfg), f"--nproc-per-node={nproc}",
            f"trainer.output_dir={out}", *overrides]
     # launched as from a plain shell: no torch.distributed variables an earlier test left in this process
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cfg.parent, env=env)
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cfg.parent, env=clean_env())
 
 
 def _log(out) -> str:
