@@ -116,6 +116,11 @@ class MegatronTrainer:
         self.layout = self.bridge.initialize()
         self._claim_run_dir()
         self.device = self.layout.device
+        if self.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+            # torchrun's rule for N > 1 ranks, applied to one as well: on CPU the ranks share the cores, and
+            # for the small models that train there OpenMP threads cost more than they give (the quickstart:
+            # 9 s of CPU with one thread, 68 s with two on a loaded 2-core machine). OMP_NUM_THREADS overrides.
+            torch.set_num_threads(1)
         seed_everything(cfg.trainer.seed)
         self.task = builtin_task(cfg)
         self.tokenizer = self.bridge.tokenizer or load_tokenizer(cfg, self.task)
@@ -155,7 +160,8 @@ class MegatronTrainer:
         if self.is_logger:
             info(f"MegatronTrainer initialized with TP={lay.tp_size}, PP={lay.pp_size}, "
                  f"SP={cfg.trainer.args.sequence_parallel}")
-            info(f"world={lay.world_size} dp={lay.dp_size} device={self.device.type} "
+            threads = f" threads={torch.get_num_threads()}" if self.device.type == "cpu" else ""
+            info(f"world={lay.world_size} dp={lay.dp_size} device={self.device.type}{threads} "
                  f"algorithm={a.name} advantages={self.spec.advantage} "
                  f"critic={'yes' if roles.critic is not None else 'no'} "
                  f"reference={'yes' if roles.reference is not None else 'no'} rollout={cfg.rollout.engine}")
