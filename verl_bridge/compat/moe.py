@@ -29,7 +29,9 @@ import torch.nn.functional as F
 from verl_bridge.compat.mcore_versions import mcore_version
 
 # megatron-core versions (major, minor) whose RouterGatingLinearFunction reads an unbound
-# te_general_gemm without Transformer Engine; 0.19 binds it to None (checked 0.16.1 and 0.19.2)
+# te_general_gemm without Transformer Engine: checked on 0.16.1 (unbound) and 0.19.2 (bound to None);
+# 0.17 and 0.18 were not available to check and are treated as 0.16 (the shim computes the same
+# linear map as megatron's torch fallback, so applying it where it is not needed changes nothing)
 ROUTER_TE_GEMM_UNBOUND = ((0, 16), (0, 18))
 ROUTER_GATING_MOVES_TO_CUDA = ((0, 12), (0, 19))
 
@@ -90,9 +92,9 @@ def make_router_cpu_safe(model: torch.nn.Module) -> int:
 
 
 def is_moe_model(model: torch.nn.Module) -> bool:
-    from verl_bridge.compat import unwrap_model
-
-    return getattr(getattr(unwrap_model(model), "config", None), "num_moe_experts", None) is not None
+    while isinstance(getattr(model, "module", None), torch.nn.Module):  # DDP / Float16Module wrappers
+        model = model.module
+    return getattr(getattr(model, "config", None), "num_moe_experts", None) is not None
 
 
 def is_expert_param(p: torch.nn.Parameter) -> bool:
