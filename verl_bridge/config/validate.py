@@ -292,6 +292,21 @@ def _check_expert_parallel(p: list[str], cfg, world_size: int, dp) -> None:
     shape and ``algorithm.moe_routing_replay``."""
     ta, args = cfg.trainer.args, cfg.model.actor.args
     ep = ta.ep_size
+    if getattr(cfg.algorithm, "moe_routing_replay", False):
+        from verl_bridge.runtime.routing_replay import available
+
+        missing = available()
+        if missing:
+            p.append(f"algorithm.moe_routing_replay=true: {missing}; set it false")
+        if args.preset is not None and args.preset != "tiny-moe":
+            p.append(f"algorithm.moe_routing_replay=true needs a Mixture-of-Experts actor; preset={args.preset!r} "
+                     f"is dense (use preset: tiny-moe, or a model_provider building a megatron MoE model)")
+        if ta.tp_size != 1 or ta.pp_size != 1:
+            p.append(f"algorithm.moe_routing_replay=true runs with trainer.args.tp_size=1 and pp_size=1 in this "
+                     f"release (got tp_size={ta.tp_size}, pp_size={ta.pp_size})")
+        if cfg.rollout.engine != "native":
+            p.append(f"algorithm.moe_routing_replay=true needs rollout.engine=native (the engine that records "
+                     f"megatron's routing); rollout.engine={cfg.rollout.engine!r} does not report expert choices")
     _range(p, "trainer.args.ep_size", ep, lo=1, hi=MAX_RANKS)
     moe_preset = args.preset == "tiny-moe"
     if moe_preset:

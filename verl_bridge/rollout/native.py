@@ -59,6 +59,8 @@ class NativeEngine:
         if self.fast_reason is None:
             self.fast = FastEngine(model, device, compile=compile)
         self.path = "fast" if self.fast is not None else "module"
+        # algorithm.moe_routing_replay: record each MoE layer's expert choices (runtime/routing_replay.py)
+        self.record_routing = False
 
     def sync_weights(self) -> None:  # shares the actor's parameters
         return None
@@ -115,10 +117,29 @@ class NativeEngine:
 
         # prefill uses the training forward's inputs (causal + key padding, pads see themselves)
         _, positions, mask = model_inputs(prompt_ids, prompt_mask)
+        recorder = None
+        if self.record_routing:
+            from verl_bridge.runtime.routing_replay import RoutingRecorder
+
+            recorder = RoutingRecorder(model)
+        try:
+            return self._decode(model, recorder, ctx, prompt_ids, prompt_mask, positions, mask, params, gen, vocab,
+                                tp_size, tp_group, src, was_training)
+        finally:
+            if recorder is not None:
+                recorder.close()
+
+    def _decode(self, model, recorder, ctx, prompt_ids, prompt_mask, positions, mask, params, gen, vocab,
+                tp_size, tp_group, src, was_training) -> RolloutBatch:
+        dev = self.device
+        bsz, plen = prompt_ids.shape
+        total = plen + params.max_new_tokens
         # decode steps extend this key-padding mask: True = masked out (megatron convention)
         key_pad = torch.zeros((bsz, total), dtype=torch.bool, device=dev)
         key_pad[:, :plen] = prompt_mask == 0
         logits = model(prompt_ids, positions, mask, inference_context=ctx, runtime_gather_output=True)
+        if recorder is not None:
+            recorder.step(bsz)
         ctx.sequence_len_offset += plen
         last_pos = positions[:, -1]
 
@@ -148,7 +169,17 @@ class NativeEngine:
             step_mask = key_pad[:, None, None, : plen + t + 1]
             logits = model(tok.unsqueeze(1), step_pos, step_mask, inference_context=ctx,
                            runtime_gather_output=True)
+            if recorder is not None:
+                recorder.step(bsz)
             ctx.sequence_len_offset += 1
+        routed = None
+        if recorder is not None:  # route the last sampled token too (its logits are not needed)
+            ctx.enable_decode_mode()
+            key_pad[:, plen + t] = False
+            model(tok.unsqueeze(1), (last_pos + 1 + t).unsqueeze(1), key_pad[:, None, None, : plen + t + 1],
+                  inference_context=ctx, runtime_gather_output=True)
+            recorder.step(bsz)
+            routed = recorder.result(bsz, total, dev)
         if was_training:
             model.train()
-        return RolloutBatch(prompt_ids, prompt_mask, response, resp_mask, log_probs=resp_lp)
+        return RolloutBatch(prompt_ids, prompt_mask, response, resp_mask, log_probs=resp_lp, routed_experts=routed)
