@@ -69,22 +69,18 @@ def _load(model, full: dict, ep_rank: int, n_local: int) -> None:
 def _worker(rank, world_size, ep, init):
     from megatron.core import parallel_state as mpu
 
-    from verl_bridge import algorithms as A
-    from verl_bridge.algorithms.registry import ALGORITHMS
-    from verl_bridge.bridge import MegatronBridge
     from verl_bridge.compat.moe import is_expert_param
     from verl_bridge.config import load_config
-    from verl_bridge.distributed import seed_everything
     from verl_bridge.runtime.experience import make_experience
     from verl_bridge.runtime.forward import forward_micro_batches
-    from verl_bridge.runtime.state import TrainerState
+    from verl_bridge.runtime.trainer import MegatronTrainer
     from verl_bridge.runtime.update import update
 
-    cfg = load_config(TEMPLATE, _overrides(ep), world_size=world_size)
-    bridge = MegatronBridge.from_config(cfg)
-    layout = bridge.initialize()
-    seed_everything(cfg.trainer.seed)
-    roles = bridge.build_roles()
+    # routing replay on (R3): without replay data (a fixed batch) megatron routes as usual
+    cfg = load_config(TEMPLATE, [*_overrides(ep), "algorithm.moe_routing_replay=true"], world_size=world_size)
+    trainer = MegatronTrainer(cfg)
+    trainer.setup()
+    layout, roles = trainer.layout, trainer.roles
     actor = roles.actor
     n_local = 4 // ep
     ep_rank = mpu.get_expert_model_parallel_rank()
@@ -99,10 +95,7 @@ def _worker(rank, world_size, ep, init):
         _load(roles.reference, init, ep_rank, n_local)
 
     full = _batch()
-    a = cfg.algorithm
-    state = TrainerState(config=cfg, layout=layout, roles=roles,
-                         kl_ctl=A.build_kl_controller(a.kl.coef, a.kl.target, a.kl.horizon))
-    spec = ALGORITHMS[a.name]
+    state, spec = trainer.state, trainer.spec
     half = B // world_size
     exp = full.select(torch.arange(rank * half, (rank + 1) * half))
     stats = make_experience(exp, state, spec)
@@ -123,11 +116,13 @@ def _worker(rank, world_size, ep, init):
         actor.zero_grad(set_to_none=True)
     metrics = update(exp, state, spec, step=1)
     out.update(stats=stats, metrics=metrics, ep_rank=ep_rank, final=_weights(actor, ep_rank, n_local))
+    if world_size == 1:
+        out["replay"] = _replay_checks(trainer)
     return out
 
 
 @pytest.mark.timeout(300)
-def test_moe_ep2_update_equals_ep1():
+def test_moe_ep2_update_equals_ep1_and_routing_replay():
     ep1 = run_distributed(_worker, 1, 1, None)[0]
     ep2 = run_distributed(_worker, 2, 2, ep1["init"])
 
@@ -151,6 +146,7 @@ def test_moe_ep2_update_equals_ep1():
     moved = max((ep1["final"][k] - ep1["init"][k]).abs().max().item() for k in final2 if "local_experts" in k)
     assert worst < TOL_WEIGHT, worst
     assert moved > 1e-4  # the experts did train
+    _check_replay(ep1["replay"])
     print(f"\nEP=2 vs EP=1: actor_loss diff {abs(m1['actor_loss'] - m2['actor_loss']):.2e}, "
           f"aux_loss {m1['moe/aux_loss']:.4f} (diff {abs(m1['moe/aux_loss'] - m2['moe/aux_loss']):.2e}), "
           f"grad_norm diff {abs(m1['grad_norm'] - m2['grad_norm']):.2e}, max weight diff {worst:.2e}")
@@ -173,26 +169,21 @@ def test_moe_config_refusals():
     load_config(TEMPLATE, world_size=2)  # the template itself is valid at 2 ranks
 
 
-def _replay_worker(rank, world_size):
+def _replay_checks(trainer) -> dict:
+    """Routing replay (R3) on a trainer built with algorithm.moe_routing_replay=true (one rank)."""
     from verl_bridge.runtime.experience import compute_log_probs
     from verl_bridge.runtime.routing_replay import ROUTED_KEY, replay_objects
-    from verl_bridge.runtime.trainer import MegatronTrainer
     from verl_bridge.runtime.update import update
 
-    from verl_bridge.config import load_config
-
-    cfg = load_config(TEMPLATE, [*_overrides(1), "algorithm.moe_routing_replay=true"], world_size=1)
-    trainer = MegatronTrainer(cfg)
-    trainer.setup()
     actor = trainer.roles.actor
     exp = trainer.rollout(1)
     routed = exp.tensors[ROUTED_KEY]
     out = {"shape": tuple(routed.shape), "ids_shape": tuple(exp.input_ids.shape),
            "replays": len(replay_objects(actor)), "engine_records": trainer.engine.record_routing}
     # the recorded choices are the model's own: a teacher-forced forward (no replay) routes the same
-    from verl_bridge.runtime.routing_replay import RoutingRecorder
-    from verl_bridge.runtime.batch import model_inputs
     from verl_bridge.compat.cpu_device import cpu_device_shims
+    from verl_bridge.runtime.batch import model_inputs
+    from verl_bridge.runtime.routing_replay import RoutingRecorder
 
     actor.eval()
     rec = RoutingRecorder(actor)
@@ -214,15 +205,13 @@ def _replay_worker(rank, world_size):
                                  for r in replay_objects(actor))
     from verl_bridge.runtime.experience import make_experience
 
-    stats = make_experience(exp, trainer.state, trainer.spec)
+    make_experience(exp, trainer.state, trainer.spec)
     metrics = update(exp, trainer.state, trainer.spec, step=1)
     out["update_ok"] = all(torch.isfinite(torch.tensor(v)) for v in metrics.values()) and metrics["grad_norm"] > 0
     return out
 
 
-@pytest.mark.timeout(300)
-def test_moe_routing_replay_r3():
-    r = run_distributed(_replay_worker, 1)[0]
+def _check_replay(r: dict) -> None:
     b, s = r["ids_shape"]
     assert r["engine_records"] and r["replays"] == 2
     assert r["shape"] == (b, s, 2, 2)  # [B, P + R, MoE layers, top-k]
