@@ -3,9 +3,9 @@
 One launch at EP=2 trains one step, saves it as legacy (``mp_rank_00_000`` and ``mp_rank_00_001``:
 Megatron-LM's names, one per EP rank, each holding its own two experts; before the fix only DP rank 0
 wrote, losing EP rank 1's experts) and as torch_dist, scrambles the weights and the optimizer state,
-and resumes each: weights and Adam state back bit-exactly. One launch at EP=1 then loads the EP=2
-torch_dist checkpoint through megatron's dist-checkpointing, which regroups the experts by their
-global index: every weight bit-exact.
+and resumes each: weights and Adam state back bit-exactly. The same processes then set up EP=1 (each
+holding all four experts) and load the EP=2 torch_dist checkpoint through megatron's
+dist-checkpointing, which regroups the experts by their global index: every weight bit-exact.
 """
 
 from __future__ import annotations
@@ -67,15 +67,19 @@ def _ep2_save_and_resume(rank, world_size, root):
         got, got_adam = _global(actor, ep_rank, 2), _adam(opt)
         out[fmt] = {"step": step, "weights_equal": all(torch.equal(weights[k], got[k]) for k in weights),
                     "adam_equal": len(adam) == len(got_adam) and all(torch.equal(a, b) for a, b in zip(adam, got_adam))}
+    # the same two processes at EP=1 (each holding all four experts) load the EP=2 torch_dist checkpoint
+    trainer.engine = None
+    mpu.destroy_model_parallel()
+    out["ep1"] = _ep1_load(world_size, root)
     return out
 
 
-def _ep1_load(rank, world_size, root):
+def _ep1_load(world_size, root):
     from verl_bridge.bridge import MegatronBridge
     from verl_bridge.checkpoint import megatron as mckpt
     from verl_bridge.config import load_config
 
-    cfg = load_config(TEMPLATE, _overrides(1, None), world_size=1)
+    cfg = load_config(TEMPLATE, _overrides(1, None), world_size=world_size)
     bridge = MegatronBridge.from_config(cfg)
     bridge.initialize()
     actor = bridge.actor_builder()()
@@ -86,7 +90,7 @@ def _ep1_load(rank, world_size, root):
     return _global(actor, 0, 4)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_moe_checkpoints_ep2_both_formats_and_ep2_to_ep1(tmp_path):
     root = str(tmp_path)
     ep2 = run_distributed(_ep2_save_and_resume, 2, root)
@@ -105,6 +109,7 @@ def test_moe_checkpoints_ep2_both_formats_and_ep2_to_ep1(tmp_path):
         assert torch.equal(sd[name], mine[name.replace("local_experts.1", f"local_experts.{2 * ep_rank + 1}")])
 
     merged = {**ep2[0]["weights"], **ep2[1]["weights"]}
-    ep1 = run_distributed(_ep1_load, 1, root)[0]
-    assert set(ep1) == set(merged) and sum("local_experts" in k for k in ep1) == 2 * 4 * 2  # layers x experts x fc
-    assert all(torch.equal(ep1[k], merged[k]) for k in merged)
+    for r in ep2:
+        ep1 = r["ep1"]
+        assert set(ep1) == set(merged) and sum("local_experts" in k for k in ep1) == 2 * 4 * 2  # layers x experts x fc
+        assert all(torch.equal(ep1[k], merged[k]) for k in merged)

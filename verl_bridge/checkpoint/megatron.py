@@ -467,7 +467,9 @@ def _load_torch_dist(d: Path, model, ranks: dict, strict: bool, trust: bool = Fa
 
         for key in keys:
             for off in itertools.product(*(range(n) for n in shape)):
-                sharded[f"{key}@{'.'.join(map(str, off))}"] = ShardedObject(key, None, shape, off, replica_id=0)
+                # replica id: this rank (one main replica across the ranks reading, as megatron requires)
+                sharded[f"{key}@{'.'.join(map(str, off))}"] = ShardedObject(key, None, shape, off,
+                                                                            replica_id=ranks.get("rank", 0))
     else:
         shape, offset, replica = _object_sharding(ranks)
         for key in keys:
