@@ -13,6 +13,8 @@ replica (the whole model per TP group, refilled every step): :mod:`verl_bridge.r
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -73,7 +75,7 @@ class NativeEngine:
         if self.fast is None:
             from verl_bridge.compat.cpu_device import cpu_device_shims
 
-            with cpu_device_shims():
+            with cpu_device_shims(), _sequence_parallel_off(self.model):
                 return native_engine_log_probs(self.model, input_ids, vocab_size, decode_steps)
         ids = input_ids.to(self.device)
         steps = max(0, min(decode_steps, ids.shape[1] - 2))
@@ -91,7 +93,7 @@ class NativeEngine:
             return self.fast.generate(prompts, params, seed)
         from verl_bridge.compat.cpu_device import cpu_device_shims
 
-        with cpu_device_shims():  # megatron modules that allocate on "the current CUDA device" (CPU only)
+        with cpu_device_shims(), _sequence_parallel_off(self.model):  # CPU-only allocations; SP off to decode
             return self._generate_module(prompts, params, seed)
 
     def _generate_module(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:
@@ -183,3 +185,25 @@ class NativeEngine:
         if was_training:
             model.train()
         return RolloutBatch(prompt_ids, prompt_mask, response, resp_mask, log_probs=resp_lp, routed_experts=routed)
+
+
+@contextlib.contextmanager
+def _sequence_parallel_off(model: torch.nn.Module):
+    """Sequence parallelism switched off for the duration of a generation (megatron's
+    ``set_model_to_sequence_parallel``, as the PP generation replicas do): a decode step's one token per
+    sequence cannot be split over TP ("First dimension of the tensor should be divisible by tensor
+    parallel size"). Restored afterwards for training. A no-op without SP."""
+    from verl_bridge.compat import unwrap_model
+
+    inner = unwrap_model(model)
+    config = getattr(inner, "config", None)
+    if not getattr(config, "sequence_parallel", False) or getattr(config, "tensor_model_parallel_size", 1) <= 1:
+        yield
+        return
+    from megatron.core.transformer.utils import set_model_to_sequence_parallel
+
+    set_model_to_sequence_parallel(inner, set_to=False)
+    try:
+        yield
+    finally:
+        set_model_to_sequence_parallel(inner, set_to=True)

@@ -8,7 +8,8 @@
   ``get_moe_layer_wise_logging_tracker()``), both read here (:func:`_aux_values`).
 * ``moe/tokens_per_expert_cv``: coefficient of variation (std / mean) of the number of token
   assignments each expert received over the update, summed over the data-parallel ranks, averaged
-  over the MoE layers; 0 is a perfectly balanced router. Counted from each ``TopKRouter``'s
+  over the MoE layers; 0 is a perfectly balanced router. With sequence parallelism both are summed
+  over the TP ranks first (each routes its slice of the sequence). Counted from each ``TopKRouter``'s
   routing map (a forward hook on megatron's router).
 
 :func:`moe_metrics_for` returns None for a dense model.
@@ -81,6 +82,18 @@ class MoEMetrics:
         num_experts = self.routers[0].config.num_moe_experts if n else 0
         counts = torch.stack([c if c is not None else torch.zeros(num_experts, dtype=torch.float64)
                               for c in self.counts]) if n else torch.zeros(0, 0, dtype=torch.float64)
+        values = _aux_values()
+        aux = torch.tensor([float(values.detach().double().sum()) if values is not None else 0.0],
+                           dtype=torch.float64)
+        cfg = self.routers[0].config if n else None
+        if n and getattr(cfg, "sequence_parallel", False) and getattr(cfg, "tensor_model_parallel_size", 1) > 1:
+            # sequence parallel: each TP rank routes its slice of the tokens, and megatron's loss on a
+            # slice is that slice's share of the whole (its tracker sums it over TP): sum both over TP
+            from megatron.core import parallel_state as mpu
+
+            tp_group = mpu.get_tensor_model_parallel_group()
+            dist.all_reduce(counts, group=tp_group)
+            dist.all_reduce(aux, group=tp_group)
         if dp_size > 1 and n:
             if dp_group is None:
                 from verl_bridge.distributed import data_parallel_group
@@ -91,10 +104,9 @@ class MoEMetrics:
         if n:
             mean = counts.mean(dim=1).clamp_min(1e-12)
             out["moe/tokens_per_expert_cv"] = float((counts.std(dim=1, unbiased=False) / mean).mean())
-        values = _aux_values()
         calls = sum(self.train_calls)
         if values is not None and calls:
-            out["moe/aux_loss"] = float(values.detach().double().sum()) / calls
+            out["moe/aux_loss"] = float(aux.item()) / calls
         elif n:
             out["moe/aux_loss"] = 0.0
         return out
