@@ -74,3 +74,22 @@ def test_torch_dist_writer_base_matches_the_installed_version():
     want = ("TorchDistSaveShardedStrategy" if mv.mcore_version() >= mv.DIST_CKPT_STRATEGY_BASE_REMOVED_IN
             else "SaveShardedStrategy")
     assert base.__name__ == want and issubclass(SyncTorchDistSaveStrategy, base)
+
+
+def test_moe_router_shim_names_its_versions():
+    """compat/moe.py: megatron's RouterGatingLinearFunction reads ``te_general_gemm``, which 0.16 binds
+    only when Transformer Engine imports (NameError without it) and 0.19 binds to None otherwise."""
+    from megatron.core.transformer.moe import moe_utils
+
+    from verl_bridge.compat import moe
+    from verl_bridge.compat.mcore_versions import mcore_version
+
+    assert moe.ROUTER_TE_GEMM_UNBOUND == ((0, 16), (0, 18))
+    lo, hi = moe.ROUTER_TE_GEMM_UNBOUND
+    if moe_utils.HAVE_TE:
+        return
+    if lo <= mcore_version() <= hi:
+        assert not hasattr(moe_utils, "te_general_gemm")  # the NameError the shim avoids
+    else:
+        assert moe_utils.te_general_gemm is None
+    assert moe.router_needs_shim()  # no Transformer Engine here (and no CUDA on the CPU tiers)

@@ -116,6 +116,8 @@ def test_every_template_loads_validates_and_documents_itself(template, tmp_path)
                      f"model.critic.args.model_name_or_path={tmp_path / 'm'}",
                      f"data.train_files={tmp_path / 'prompts.jsonl'}"]
         world = 4
+    if "moe" in template.name:  # expert parallelism EP=2: two ranks
+        world = 2
     if "vllm" in template.name and importlib.util.find_spec("vllm") is None:
         # rollout.engine: vllm without vLLM here: that is the one problem (the vLLM tier runs it)
         with pytest.raises(ConfigError) as e:

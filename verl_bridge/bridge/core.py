@@ -192,6 +192,9 @@ class MegatronBridge:
                 if layout.pp_size != ta.pp_size:
                     diffs.append(f"pipeline parallel size: your initialize_megatron set {layout.pp_size}, "
                                  f"trainer.args.pp_size is {ta.pp_size}")
+                if layout.ep_size != ta.ep_size:
+                    diffs.append(f"expert parallel size: your initialize_megatron set {layout.ep_size}, "
+                                 f"trainer.args.ep_size is {ta.ep_size}")
                 if ta.dp_size is not None and layout.dp_size != ta.dp_size:
                     diffs.append(f"data parallel size: your initialize_megatron gives {layout.dp_size}, "
                                  f"trainer.args.dp_size is {ta.dp_size}")
@@ -204,7 +207,8 @@ class MegatronBridge:
                 return layout
         from verl_bridge.placement.groups import apply_placement
 
-        self.layout = apply_placement(cfg, init_model_parallel(ta.tp_size, ta.pp_size, ta.sequence_parallel))
+        self.layout = apply_placement(cfg, init_model_parallel(ta.tp_size, ta.pp_size, ta.sequence_parallel,
+                                                                    ta.ep_size))
         self._fill_megatron_args()
         return self.layout
 
@@ -239,12 +243,14 @@ class MegatronBridge:
         provider = _resolve(self._provider, cfg.source_dir, "model.actor.args.model_provider")
         if provider is not None:
             fn = provider
-        elif args.preset == "tiny":
+        elif args.preset in ("tiny", "tiny-moe"):
             from verl_bridge.models.tiny import tiny_model_provider
 
             vocab, length = self.vocab_and_length()
             fn = tiny_model_provider(args, vocab, length, cfg.trainer.precision,
-                                     tp_size=self.layout.tp_size, sequence_parallel=cfg.trainer.args.sequence_parallel)
+                                     tp_size=self.layout.tp_size, sequence_parallel=cfg.trainer.args.sequence_parallel,
+                                     ep_size=self.layout.ep_size,
+                                     routing_replay=bool(getattr(cfg.algorithm, "moe_routing_replay", False)))
         elif args.model_name_or_path:
             from verl_bridge.arch import hf_model_provider
             from verl_bridge.models.tiny import precision_kwargs

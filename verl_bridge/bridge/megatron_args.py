@@ -114,6 +114,8 @@ def args_from_config(config, layout=None, vocab_size: Optional[int] = None,
         vocab_size=vocab, make_vocab_size_divisible_by=make_vocab_size_divisible_by,
         padded_vocab_size=padded_vocab_size(vocab, tp, make_vocab_size_divisible_by) if vocab else None,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, data_parallel_size=dp,
+        expert_model_parallel_size=getattr(layout, "ep_size", None) or config.trainer.args.ep_size or 1,
+        **_moe_args(m),
         sequence_parallel=bool(config.trainer.args.sequence_parallel and tp > 1),
         params_dtype=dtype, bf16=config.trainer.precision == "bf16", fp16=config.trainer.precision == "fp16",
         seed=config.trainer.seed, load=m.load_path,
@@ -121,3 +123,14 @@ def args_from_config(config, layout=None, vocab_size: Optional[int] = None,
         lr=config.optim.actor.lr, clip_grad=config.optim.actor.clip_grad,
         use_cpu_initialization=not torch.cuda.is_available(),
     )
+
+
+def _moe_args(m) -> dict:
+    """Megatron-LM's MoE args of the ``tiny-moe`` preset (``num_experts`` None: a dense model)."""
+    from verl_bridge.models.tiny import moe_config_kwargs
+
+    kw = moe_config_kwargs(m)
+    return dict(num_experts=kw.get("num_moe_experts"), moe_router_topk=kw.get("moe_router_topk", 2),
+                moe_ffn_hidden_size=kw.get("moe_ffn_hidden_size"),
+                moe_shared_expert_intermediate_size=kw.get("moe_shared_expert_intermediate_size"),
+                moe_aux_loss_coeff=kw.get("moe_aux_loss_coeff", 0.0))

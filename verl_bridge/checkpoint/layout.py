@@ -29,8 +29,11 @@ def iter_dir(save_dir, iteration: Union[int, str]) -> Path:
     return Path(save_dir) / name
 
 
-def rank_dir_name(tp_rank: int, pp_rank: int, pp_size: int) -> str:
-    return f"mp_rank_{tp_rank:02d}" if pp_size == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+def rank_dir_name(tp_rank: int, pp_rank: int, pp_size: int, ep_rank: int = 0, ep_size: int = 1) -> str:
+    """Megatron-LM's ``get_checkpoint_name``: ``mp_rank_TT``, ``_PPP`` with pipeline parallelism,
+    ``_EEE`` with expert parallelism (each EP rank holds different experts)."""
+    name = f"mp_rank_{tp_rank:02d}" if pp_size == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+    return name if ep_size == 1 else f"{name}_{ep_rank:03d}"
 
 
 def fsync_dir(path) -> None:

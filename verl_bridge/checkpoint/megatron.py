@@ -17,10 +17,14 @@ The trainer keeps the actor and the critic in ``<output_dir>/checkpoints/actor``
     iteration, checkpoint_version (3.0 as Megatron-LM)
     ...                 any extra trainer state (data position, adaptive-KL state, ...)
 
-Legacy: ranks with DP rank 0 each write ``mp_rank_XX[_YYY]/model_optim_rng.pt`` with these
+Legacy: ranks with DP rank 0 each write ``mp_rank_XX[_YYY][_EEE]/model_optim_rng.pt`` with these
 keys. torch_dist: the model (and nothing else) as ShardedTensors; ``optimizer`` and
 ``rng_state`` as per-(PP, TP)-rank ShardedObjects (replica = DP rank; Megatron-LM stores its
-``rng_state`` the same way); everything else in ``common.pt``. Written with
+``rng_state`` the same way); everything else in ``common.pt``. Expert parallelism (MoE): the legacy
+writers are expert-data-parallel rank 0 of each (TP, PP, EP) rank, in ``mp_rank_TT[_PPP]_EEE``
+(Megatron-LM's name); torch_dist objects are sharded (PP, TP, EP) over the expert-data-parallel
+replicas, and megatron's own MoE ``sharded_state_dict`` places each expert by its global index,
+so a checkpoint saved at EP=2 loads at EP=1 (or any EP dividing the experts). Written with
 :class:`~verl_bridge.checkpoint.torch_dist.SyncTorchDistSaveStrategy` (CPU-safe).
 
 Crash safety: every rank writes under ``iter_XXXXXXX.tmp-save`` (:func:`write`, which first
@@ -89,10 +93,21 @@ def _ranks(args=None) -> dict:
     ps = model_parallel_state()
     if ps is not None:
         return dict(tp_rank=ps.tp_rank, tp_size=ps.tp_size, pp_rank=ps.pp_rank, pp_size=ps.pp_size,
-                    dp_rank=ps.dp_rank, rank=ps.rank)
+                    dp_rank=ps.dp_rank, rank=ps.rank, ep_rank=ps.ep_rank, ep_size=ps.ep_size,
+                    writer_rank=ps.edp_rank if ps.ep_size > 1 else ps.dp_rank)
     return dict(tp_rank=0, tp_size=getattr(args, "tensor_model_parallel_size", 1) or 1, pp_rank=0,
                 pp_size=getattr(args, "pipeline_model_parallel_size", 1) or 1, dp_rank=0,
-                rank=torch.distributed.get_rank() if _dist() else 0)
+                rank=torch.distributed.get_rank() if _dist() else 0, ep_rank=0, ep_size=1, writer_rank=0)
+
+
+def _object_sharding(ranks: dict) -> tuple[tuple, tuple, int]:
+    """``(global shape, offset, replica id)`` of this rank's per-rank objects (optimizer, RNG):
+    (PP, TP) replicated over DP; with expert parallelism (PP, TP, EP) replicated over the
+    expert-data-parallel group, since each EP rank's optimizer holds its own experts' state."""
+    if ranks.get("ep_size", 1) > 1:
+        return ((ranks["pp_size"], ranks["tp_size"], ranks["ep_size"]),
+                (ranks["pp_rank"], ranks["tp_rank"], ranks["ep_rank"]), ranks["writer_rank"])
+    return (ranks["pp_size"], ranks["tp_size"]), (ranks["pp_rank"], ranks["tp_rank"]), ranks["dp_rank"]
 
 
 # ---- RNG state ----------------------------------------------------------------------------
@@ -139,12 +154,15 @@ def _model_state_dict(model) -> dict:
 
 
 def _write_legacy(tmp: Path, state: dict, ranks: dict) -> None:
-    if ranks["dp_rank"] != 0:
+    # one writer per (TP, PP[, EP]) rank: DP rank 0, or with expert parallelism expert-data-parallel
+    # rank 0 (as Megatron-LM), so that every EP rank's experts are written
+    if ranks["writer_rank"] != 0:
         return
     payload = dict(state)
     payload["model"] = _model_state_dict(state["model"])
     payload.setdefault("checkpoint_version", CHECKPOINT_VERSION)
-    path = tmp / rank_dir_name(ranks["tp_rank"], ranks["pp_rank"], ranks["pp_size"]) / LEGACY_FILE
+    path = tmp / rank_dir_name(ranks["tp_rank"], ranks["pp_rank"], ranks["pp_size"], ranks["ep_rank"],
+                               ranks["ep_size"]) / LEGACY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     with open(partial, "wb") as f:
@@ -158,10 +176,10 @@ def _sharded_objects(state: dict, ranks: dict) -> dict:
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
     out = {}
+    shape, offset, replica = _object_sharding(ranks)
     for key in SHARDED_OBJECT_KEYS:
         if state.get(key) is not None:
-            out[key] = ShardedObject(key, state[key], (ranks["pp_size"], ranks["tp_size"]),
-                                     (ranks["pp_rank"], ranks["tp_rank"]), replica_id=ranks["dp_rank"])
+            out[key] = ShardedObject(key, state[key], shape, offset, replica_id=replica)
     return out
 
 
@@ -255,7 +273,7 @@ def write(save_dir, iteration: int, state: dict, *, fmt: str = "legacy") -> Path
             shutil.rmtree(tmp)  # leftover of a killed save
         tmp.mkdir()
     _barrier()
-    writes = fmt == "torch_dist" or ranks["dp_rank"] == 0
+    writes = fmt == "torch_dist" or ranks["writer_rank"] == 0
     needed = _tensor_bytes({k: v for k, v in state.items() if k in ("model", "optimizer")}) + (1 << 20) if writes else 0
     error = None
     try:
@@ -408,7 +426,9 @@ def latest_valid_iteration(load_dir) -> Optional[int]:
 
 def _legacy_path(load_dir, iteration, ranks) -> Path:
     d = iter_dir(load_dir, iteration)
-    candidates = [d / rank_dir_name(ranks["tp_rank"], ranks["pp_rank"], ranks["pp_size"]) / LEGACY_FILE,
+    candidates = [d / rank_dir_name(ranks["tp_rank"], ranks["pp_rank"], ranks["pp_size"], ranks.get("ep_rank", 0),
+                                    ranks.get("ep_size", 1)) / LEGACY_FILE,
+                  d / rank_dir_name(ranks["tp_rank"], ranks["pp_rank"], ranks["pp_size"]) / LEGACY_FILE,
                   d / f"mp_rank_{ranks['tp_rank']:02d}_{ranks['pp_rank']:03d}" / LEGACY_FILE,
                   d / f"mp_rank_{ranks['tp_rank']:02d}" / LEGACY_FILE]
     for c in candidates:
@@ -432,17 +452,28 @@ def _load_torch_dist(d: Path, model, ranks: dict, strict: bool, trust: bool = Fa
     common = std.load_common(d, trust=trust)
     keys = common.get("verl_bridge_sharded_objects", ["rng_state"])
     sharded = {"model": model.sharded_state_dict()}
+    args = common.get("args")
+    saved_ep = getattr(args, "expert_model_parallel_size", 1) or 1
+    if saved_ep != ranks.get("ep_size", 1):
+        # saved at another expert-parallel size: megatron reshards the model (experts regrouped by
+        # their global index); the per-rank optimizer / RNG objects belong to the saved layout
+        model_only = True
     if model_only:  # a reader in another layout (convert's world of one) reads every saved rank's
-        args = common.get("args")  # objects (megatron wants them all; the same allowlisted reader)
+        # objects (megatron wants them all; the same allowlisted reader)
         shape = (getattr(args, "pipeline_model_parallel_size", 1) or 1, getattr(args, "tensor_model_parallel_size", 1) or 1)
+        if saved_ep > 1:
+            shape = shape + (saved_ep,)
+        import itertools
+
         for key in keys:
-            for p in range(shape[0]):
-                for t in range(shape[1]):
-                    sharded[f"{key}@{p}.{t}"] = ShardedObject(key, None, shape, (p, t), replica_id=0)
+            for off in itertools.product(*(range(n) for n in shape)):
+                # replica id: this rank (one main replica across the ranks reading, as megatron requires)
+                sharded[f"{key}@{'.'.join(map(str, off))}"] = ShardedObject(key, None, shape, off,
+                                                                            replica_id=ranks.get("rank", 0))
     else:
+        shape, offset, replica = _object_sharding(ranks)
         for key in keys:
-            sharded[key] = ShardedObject(key, None, (ranks["pp_size"], ranks["tp_size"]),
-                                         (ranks["pp_rank"], ranks["tp_rank"]), replica_id=ranks["dp_rank"])
+            sharded[key] = ShardedObject(key, None, shape, offset, replica_id=replica)
     try:
         if trust:
             log.warning("loading %s with trust=True: megatron-core's stock reader unpickles without restriction", d)
@@ -464,8 +495,9 @@ def _load_torch_dist(d: Path, model, ranks: dict, strict: bool, trust: bool = Fa
     model.load_state_dict(loaded["model"], strict=strict)
     loaded.pop("verl_bridge_sharded_objects", None)
     if model_only:
+        first = ".".join("0" * len(shape))
         for key in keys:
-            loaded[key] = loaded.get(f"{key}@0.0")
+            loaded[key] = loaded.get(f"{key}@{first}")
         for name in [n for n in loaded if "@" in n]:
             del loaded[name]
     return loaded

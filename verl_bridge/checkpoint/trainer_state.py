@@ -54,7 +54,7 @@ def _args(state: TrainerState) -> argparse.Namespace:
     model_cfg = state.roles.actor.config
     return argparse.Namespace(
         tensor_model_parallel_size=lay.tp_size, pipeline_model_parallel_size=lay.pp_size,
-        data_parallel_size=lay.dp_size, num_layers=model_cfg.num_layers, hidden_size=model_cfg.hidden_size,
+        data_parallel_size=lay.dp_size, expert_model_parallel_size=getattr(lay, "ep_size", 1), num_layers=model_cfg.num_layers, hidden_size=model_cfg.hidden_size,
         num_attention_heads=model_cfg.num_attention_heads, num_query_groups=model_cfg.num_query_groups,
         ffn_hidden_size=model_cfg.ffn_hidden_size, seed=cfg.trainer.seed, iteration=state.step,
         ckpt_format=cfg.trainer.checkpoint_format, **_model_args(state.roles.actor),
@@ -82,7 +82,18 @@ def _model_args(actor) -> dict:
         untie_embeddings_and_output_weights=not getattr(model, "share_embeddings_and_output_weights", False),
         vocab_size=getattr(model, "hf_vocab_size", None) or padded, padded_vocab_size=padded,
         sequence_parallel=bool(cfg.sequence_parallel), hf_activation=act if act in ("relu", "silu", "gelu") else "gelu",
+        **_moe_model_args(cfg),
     )
+
+
+def _moe_model_args(cfg) -> dict:
+    """Megatron-LM's MoE args of an MoE model (``num_experts`` None for a dense one, as Megatron-LM)."""
+    if getattr(cfg, "num_moe_experts", None) is None:
+        return {"num_experts": None}
+    keys = ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_aux_loss_coeff",
+            "moe_router_load_balancing_type", "moe_router_score_function", "moe_router_pre_softmax",
+            "moe_router_enable_expert_bias", "moe_token_dispatcher_type", "moe_grouped_gemm")
+    return {"num_experts": cfg.num_moe_experts, **{k: getattr(cfg, k) for k in keys if hasattr(cfg, k)}}
 
 
 def checkpoint_root(state: TrainerState) -> str:

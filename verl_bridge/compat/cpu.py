@@ -108,7 +108,11 @@ def make_cpu_safe(model: torch.nn.Module) -> torch.nn.Module:
     """Swap the class of *model*'s rotary, attention and output-layer modules for CPU-safe subclasses.
 
     Only needed when CUDA is unavailable; a no-op otherwise. Acts on this model's modules only.
+    MoE models also get :func:`verl_bridge.compat.moe.make_router_cpu_safe` (the router's gating).
     """
+    from verl_bridge.compat.moe import make_router_cpu_safe
+
+    make_router_cpu_safe(model)
     _make_cpu_safe_0_12_to_0_19(model)
     if torch.cuda.is_available() or mcore_version() >= ROPE_GET_EMB_SINCE:
         return model

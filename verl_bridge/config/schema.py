@@ -21,7 +21,7 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 ACTOR_TYPES = ("megatron",)
 CRITIC_TYPES = ("megatron", "huggingface")
 REWARD_TYPES = ("function", "model")
-PRESETS = ("tiny",)
+PRESETS = ("tiny", "tiny-moe")
 CHECKPOINT_FORMATS = ("legacy", "torch_dist")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -34,6 +34,7 @@ class TrainerArgs:
     pp_size: int = 1
     dp_size: Optional[int] = None  # derived from the world size when omitted
     sequence_parallel: bool = False
+    ep_size: int = 1  # expert parallelism (MoE models): experts split over ep_size ranks of each DP x TP slice
     use_distributed_optimizer: bool = True  # used on CUDA; CPU runs use a plain torch optimizer
 
 
@@ -83,6 +84,12 @@ class ModelArgs:
     num_attention_heads: int = 4
     num_query_groups: Optional[int] = None
     ffn_hidden_size: Optional[int] = None
+    # tiny-moe preset (verl_bridge.models.tiny): experts, top-k, expert / shared-expert sizes, aux-loss coefficient
+    num_experts: Optional[int] = None
+    moe_router_topk: Optional[int] = None
+    moe_ffn_hidden_size: Optional[int] = None
+    moe_shared_expert_intermediate_size: Optional[int] = None
+    moe_aux_loss_coeff: Optional[float] = None
 
 
 @dataclass(kw_only=True)
@@ -152,6 +159,9 @@ class AlgorithmConfig:
     # off (None) by default; {type: tis, cap: 2.0}: truncated importance sampling of each token's
     # policy-gradient loss by min(exp(old log-prob - rollout log-prob), cap) (algorithms/rollout_correction.py)
     rollout_correction: Optional[RolloutCorrectionConfig] = None
+    # MoE routing replay (R3): the rollout's expert choices reused in the training forwards
+    # (verl_bridge.runtime.routing_replay); needs megatron-core's RouterReplay
+    moe_routing_replay: bool = False
 
 
 @dataclass(kw_only=True)

@@ -131,6 +131,7 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
                     f"trainer.args.dp_size={ta.dp_size}: world size {world_size} / (tp {ta.tp_size} * "
                     f"pp {ta.pp_size}) gives dp {dp}"
                 )
+    _check_expert_parallel(p, cfg, world_size, dp)
     if t.resume not in ("auto", "never") and check_paths and not os.path.exists(t.resume):
         p.append(f"trainer.resume={t.resume!r}: expected auto, never, or an existing checkpoint path")
 
@@ -284,3 +285,63 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
         p.append("model.reward: type 'model' needs args.preset (e.g. tiny), args.model_name_or_path, "
                  "args.model_provider, or args.path ('module:function' returning a scorer)")
     return p
+
+
+def _check_expert_parallel(p: list[str], cfg, world_size: int, dp) -> None:
+    """``trainer.args.ep_size`` (experts split over that many ranks), the ``tiny-moe`` preset's
+    shape and ``algorithm.moe_routing_replay``."""
+    ta, args = cfg.trainer.args, cfg.model.actor.args
+    ep = ta.ep_size
+    if getattr(cfg.algorithm, "moe_routing_replay", False):
+        from verl_bridge.runtime.routing_replay import available
+
+        missing = available()
+        if missing:
+            p.append(f"algorithm.moe_routing_replay=true: {missing}; set it false")
+        if args.preset is not None and args.preset != "tiny-moe":
+            p.append(f"algorithm.moe_routing_replay=true needs a Mixture-of-Experts actor; preset={args.preset!r} "
+                     f"is dense (use preset: tiny-moe, or a model_provider building a megatron MoE model)")
+        if ta.tp_size != 1 or ta.pp_size != 1:
+            p.append(f"algorithm.moe_routing_replay=true runs with trainer.args.tp_size=1 and pp_size=1 in this "
+                     f"release (got tp_size={ta.tp_size}, pp_size={ta.pp_size})")
+        if cfg.rollout.engine != "native":
+            p.append(f"algorithm.moe_routing_replay=true needs rollout.engine=native (the engine that records "
+                     f"megatron's routing); rollout.engine={cfg.rollout.engine!r} does not report expert choices")
+    _range(p, "trainer.args.ep_size", ep, lo=1, hi=MAX_RANKS)
+    moe_preset = args.preset == "tiny-moe"
+    if moe_preset:
+        _range(p, "model.actor.args.num_experts", args.num_experts, lo=1, hi=4096)
+        _range(p, "model.actor.args.moe_router_topk", args.moe_router_topk, lo=1, hi=4096)
+        _range(p, "model.actor.args.moe_ffn_hidden_size", args.moe_ffn_hidden_size, lo=1)
+        _range(p, "model.actor.args.moe_shared_expert_intermediate_size", args.moe_shared_expert_intermediate_size,
+               lo=1)
+        _range(p, "model.actor.args.moe_aux_loss_coeff", args.moe_aux_loss_coeff, lo=0.0)
+        n, k = args.num_experts or 4, args.moe_router_topk or 2
+        if isinstance(n, int) and isinstance(k, int) and k > n:
+            p.append(f"model.actor.args.moe_router_topk={k} exceeds num_experts={n}; use 1..{n}")
+        if isinstance(ep, int) and ep >= 1 and isinstance(n, int) and n >= 1 and n % ep:
+            p.append(f"model.actor.args.num_experts={n} does not divide over trainer.args.ep_size={ep} "
+                     f"(each expert-parallel rank holds num_experts / ep_size experts)")
+    elif args.preset is not None:
+        for key in ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+                    "moe_aux_loss_coeff"):
+            if getattr(args, key) is not None:
+                p.append(f"model.actor.args.{key} is set but preset={args.preset!r} is dense; "
+                         f"use preset: tiny-moe for a Mixture-of-Experts model")
+    if not (isinstance(ep, int) and ep > 1):
+        return
+    if args.preset is not None and not moe_preset:
+        p.append(f"trainer.args.ep_size={ep} needs a Mixture-of-Experts actor; preset={args.preset!r} is dense "
+                 f"(use preset: tiny-moe, or a model_provider building a megatron MoE model)")
+    if dp and dp % ep:
+        p.append(f"trainer.args.ep_size={ep} does not divide the data-parallel size {dp} (world size {world_size} / "
+                 f"(tp {ta.tp_size} * pp {ta.pp_size})): expert parallelism splits each data-parallel "
+                 f"group's experts, so tp * pp * ep must divide the world size")
+    if ta.pp_size != 1:
+        p.append(f"trainer.args.ep_size={ep} with trainer.args.pp_size={ta.pp_size}: expert parallelism runs "
+                 f"with pp_size 1 in this release")
+    if cfg.model.critic is not None and cfg.model.critic.type == "megatron":
+        p.append(f"trainer.args.ep_size={ep} with a megatron critic: the critic is built from the actor's "
+                 f"provider and would be an expert-parallel model too, which this release does not train; "
+                 f"use a critic-free algorithm (grpo, rloo, reinforce_plus_plus) or model.critic.type: huggingface")
+

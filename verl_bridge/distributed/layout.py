@@ -29,6 +29,8 @@ class ParallelLayout:
     tp_group: Any = field(default=None, compare=False, repr=False)
     tp_src_rank: int = field(default=0, compare=False)  # global rank of TP rank 0 of this TP group
     dp_group: Any = field(default=None, compare=False, repr=False)  # the role's DP group under a placement
+    ep_size: int = 1  # expert parallelism (MoE): megatron's expert_model_parallel_size
+    ep_rank: int = 0
 
     @property
     def is_last_stage(self) -> bool:

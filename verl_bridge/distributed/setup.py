@@ -66,8 +66,10 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
     start_heartbeat()
 
 
-def init_model_parallel(tp_size: int, pp_size: int, sequence_parallel: bool = False) -> ParallelLayout:
-    """Initialise megatron-core's parallel_state (unless already done) and describe the layout."""
+def init_model_parallel(tp_size: int, pp_size: int, sequence_parallel: bool = False,
+                        ep_size: int = 1) -> ParallelLayout:
+    """Initialise megatron-core's parallel_state (unless already done) and describe the layout;
+    ``ep_size``: megatron's ``expert_model_parallel_size`` (MoE experts split over that many ranks)."""
     from megatron.core import parallel_state as mpu
 
     init_distributed()
@@ -76,6 +78,7 @@ def init_model_parallel(tp_size: int, pp_size: int, sequence_parallel: bool = Fa
 
         mpu.initialize_model_parallel(
             tensor_model_parallel_size=tp_size, pipeline_model_parallel_size=pp_size,
+            **({"expert_model_parallel_size": ep_size} if ep_size > 1 else {}),
             distributed_timeout_minutes=collective_timeout_s() / 60,
         )
     return current_layout(sequence_parallel)
@@ -126,6 +129,8 @@ def current_layout(sequence_parallel: bool = False) -> ParallelLayout:
         tp_group=mpu.get_tensor_model_parallel_group(),
         tp_src_rank=mpu.get_tensor_model_parallel_src_rank(),
         dp_group=data_parallel_group(),
+        ep_size=mpu.get_expert_model_parallel_world_size(),
+        ep_rank=mpu.get_expert_model_parallel_rank(),
     )
 
 

@@ -26,6 +26,9 @@ class ModelParallelState:
     tp_group: Any = field(default=None, compare=False, repr=False)
     pp_group: Any = field(default=None, compare=False, repr=False)
     model_parallel_group: Any = field(default=None, compare=False, repr=False)  # TP x PP
+    ep_size: int = 1  # expert parallelism (MoE): megatron's expert_model_parallel_size
+    ep_rank: int = 0
+    edp_rank: int = 0  # rank in the expert-data-parallel group (ranks holding the same experts)
 
 
 def model_parallel_state() -> Optional[ModelParallelState]:
@@ -46,4 +49,6 @@ def model_parallel_state() -> Optional[ModelParallelState]:
         pp_ranks=tuple(dist.get_process_group_ranks(pp_group)) if pp_size > 1 else (dist.get_rank(),),
         tp_group=mpu.get_tensor_model_parallel_group(), pp_group=pp_group,
         model_parallel_group=mpu.get_model_parallel_group(),
+        ep_size=mpu.get_expert_model_parallel_world_size(), ep_rank=mpu.get_expert_model_parallel_rank(),
+        edp_rank=mpu.get_expert_data_parallel_rank(),
     )

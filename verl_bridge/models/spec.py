@@ -162,10 +162,20 @@ class PortableNorm:
         return norm
 
 
-def get_portable_gpt_layer_spec(normalization: str = "LayerNorm", qk_layernorm: bool = False) -> ModuleSpec:
+def get_portable_gpt_layer_spec(normalization: str = "LayerNorm", qk_layernorm: bool = False,
+                                num_experts: Optional[int] = None) -> ModuleSpec:
     """megatron-core's local GPT layer spec with :class:`SDPAttention` as core attention and
-    :class:`PortableNorm` as the layer norms (sequence-parallel capable)."""
-    spec = get_gpt_layer_local_spec(normalization=normalization, qk_layernorm=qk_layernorm)
+    :class:`PortableNorm` as the layer norms (sequence-parallel capable).
+
+    ``num_experts``: a Mixture-of-Experts layer, megatron's own ``MoELayer`` (``TopKRouter``, the
+    token dispatcher the config names, ``SequentialMLP`` experts: grouped GEMM needs Transformer
+    Engine; shared experts when the config sets ``moe_shared_expert_intermediate_size``). Its
+    router runs on the CPU through :func:`verl_bridge.compat.moe.make_router_cpu_safe` (applied by
+    :func:`verl_bridge.compat.make_cpu_safe`)."""
+    if num_experts is not None and (not isinstance(num_experts, int) or num_experts < 1):
+        raise ValueError(f"get_portable_gpt_layer_spec: num_experts={num_experts!r}; a positive integer or None")
+    spec = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False,
+                                    normalization=normalization, qk_layernorm=qk_layernorm)
     spec.submodules.self_attention.submodules.core_attention = SDPAttention
     for key in ("input_layernorm", "pre_mlp_layernorm"):
         if _is_torch_norm(getattr(spec.submodules, key)):  # not apex's FusedLayerNorm where installed
@@ -197,6 +207,7 @@ def block_spec_for_layer(config: TransformerConfig, layer_spec, vp_stage=None):
 
 def get_portable_gpt_block_spec(config: TransformerConfig, normalization: str = "LayerNorm",
                                 qk_layernorm: bool = False, vp_stage=None) -> TransformerBlockSubmodules:
+    # an MoE config (num_moe_experts) gets MoE layers: every layer is an MoE layer
     """The block spec of this pipeline stage (``vp_stage``: its virtual chunk): the portable layer spec
     for each of its layers and :class:`PortableNorm` as the final norm (a bare layer spec gets
     megatron's default final norm, which refuses sequence parallelism without TE or apex)."""
@@ -206,7 +217,8 @@ def get_portable_gpt_block_spec(config: TransformerConfig, normalization: str = 
 
     from megatron.core.transformer.transformer_block import LayerNormImpl
 
-    layer = get_portable_gpt_layer_spec(normalization, qk_layernorm)
+    layer = get_portable_gpt_layer_spec(normalization, qk_layernorm,
+                                        num_experts=getattr(config, "num_moe_experts", None))
     kw = {"vp_stage": vp_stage} if mcore_version() >= VP_STAGE_SINCE else {}
     n = get_num_layers_to_build(config, **kw)
     final = PortableNorm if _is_torch_norm(LayerNormImpl) else LayerNormImpl

@@ -2,6 +2,13 @@
 
 RMSNorm, SwiGLU, RoPE, no biases, untied output layer; shape from ``model.actor.args``
 (``num_layers``, ``hidden_size``, ``num_attention_heads``, ``num_query_groups``).
+
+The ``tiny-moe`` preset is the same model with a Mixture-of-Experts MLP in every layer (megatron's
+own ``MoELayer`` on the portable spec): ``num_experts`` (default 4), ``moe_router_topk`` (2),
+``moe_ffn_hidden_size`` (each expert's hidden size, default ``ffn_hidden_size`` or 2 x hidden),
+``moe_shared_expert_intermediate_size`` (None: no shared expert), ``moe_aux_loss_coeff`` (the
+load-balancing loss coefficient, 0.01); the allgather token dispatcher, experts split over
+``trainer.args.ep_size`` ranks.
 """
 
 from __future__ import annotations
@@ -29,9 +36,32 @@ def transformer_config_kwargs(precision: str = "fp32") -> dict:
                 **precision_kwargs(precision))
 
 
+MOE_PRESETS = ("tiny-moe",)
+
+
+def moe_config_kwargs(args, ep_size: int = 1, routing_replay: bool = False) -> dict:
+    """TransformerConfig MoE flags of the ``tiny-moe`` preset from ``model.actor.args`` (empty for
+    a dense preset)."""
+    if getattr(args, "preset", None) not in MOE_PRESETS:
+        return {}
+    ffn = args.moe_ffn_hidden_size or args.ffn_hidden_size or 2 * args.hidden_size
+    return dict(
+        num_moe_experts=args.num_experts or 4,
+        moe_router_topk=args.moe_router_topk or 2,
+        moe_ffn_hidden_size=ffn,
+        moe_shared_expert_intermediate_size=args.moe_shared_expert_intermediate_size,
+        moe_aux_loss_coeff=float(args.moe_aux_loss_coeff if args.moe_aux_loss_coeff is not None else 0.01),
+        moe_router_load_balancing_type="aux_loss",
+        moe_token_dispatcher_type="allgather",
+        moe_grouped_gemm=False,
+        expert_model_parallel_size=ep_size,
+        **({"moe_enable_routing_replay": True} if routing_replay else {}),
+    )
+
+
 def tiny_model_provider(args, vocab_size: int, max_sequence_length: int, precision: str = "fp32",
                         tp_size: int = 1, sequence_parallel: bool = False, pp_size: int | None = None,
-                        vp_size: int | None = None) -> Callable:
+                        vp_size: int | None = None, ep_size: int = 1, routing_replay: bool = False) -> Callable:
     """``model_provider(pre_process, post_process, vp_stage=None)``; ``pp_size`` default: megatron's
     current pipeline size; ``vp_size``: virtual pipeline chunks per stage (None: no virtual pipeline)."""
     from megatron.core.models.gpt import GPTModel
@@ -61,6 +91,7 @@ def tiny_model_provider(args, vocab_size: int, max_sequence_length: int, precisi
             virtual_pipeline_model_parallel_size=vp_size,
             sequence_parallel=sequence_parallel and tp_size > 1,
             pipeline_dtype=precision_kwargs(precision).get("params_dtype", torch.float32),
+            **moe_config_kwargs(args, ep_size, routing_replay),
             **transformer_config_kwargs(precision),
         )
         model = GPTModel(

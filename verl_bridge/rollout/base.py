@@ -33,6 +33,8 @@ class RolloutBatch:
     response_ids: torch.Tensor
     response_mask: torch.Tensor
     log_probs: Optional[torch.Tensor] = None
+    # [B, P + R, MoE layers, top-k] expert choices of the rollout (algorithm.moe_routing_replay), else None
+    routed_experts: Optional[torch.Tensor] = None
 
     @property
     def input_ids(self) -> torch.Tensor:

@@ -13,6 +13,8 @@ replica (the whole model per TP group, refilled every step): :mod:`verl_bridge.r
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -59,6 +61,8 @@ class NativeEngine:
         if self.fast_reason is None:
             self.fast = FastEngine(model, device, compile=compile)
         self.path = "fast" if self.fast is not None else "module"
+        # algorithm.moe_routing_replay: record each MoE layer's expert choices (runtime/routing_replay.py)
+        self.record_routing = False
 
     def sync_weights(self) -> None:  # shares the actor's parameters
         return None
@@ -71,7 +75,7 @@ class NativeEngine:
         if self.fast is None:
             from verl_bridge.compat.cpu_device import cpu_device_shims
 
-            with cpu_device_shims():
+            with cpu_device_shims(), _sequence_parallel_off(self.model):
                 return native_engine_log_probs(self.model, input_ids, vocab_size, decode_steps)
         ids = input_ids.to(self.device)
         steps = max(0, min(decode_steps, ids.shape[1] - 2))
@@ -89,7 +93,7 @@ class NativeEngine:
             return self.fast.generate(prompts, params, seed)
         from verl_bridge.compat.cpu_device import cpu_device_shims
 
-        with cpu_device_shims():  # megatron modules that allocate on "the current CUDA device" (CPU only)
+        with cpu_device_shims(), _sequence_parallel_off(self.model):  # CPU-only allocations; SP off to decode
             return self._generate_module(prompts, params, seed)
 
     def _generate_module(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:
@@ -115,10 +119,29 @@ class NativeEngine:
 
         # prefill uses the training forward's inputs (causal + key padding, pads see themselves)
         _, positions, mask = model_inputs(prompt_ids, prompt_mask)
+        recorder = None
+        if self.record_routing:
+            from verl_bridge.runtime.routing_replay import RoutingRecorder
+
+            recorder = RoutingRecorder(model)
+        try:
+            return self._decode(model, recorder, ctx, prompt_ids, prompt_mask, positions, mask, params, gen, vocab,
+                                tp_size, tp_group, src, was_training)
+        finally:
+            if recorder is not None:
+                recorder.close()
+
+    def _decode(self, model, recorder, ctx, prompt_ids, prompt_mask, positions, mask, params, gen, vocab,
+                tp_size, tp_group, src, was_training) -> RolloutBatch:
+        dev = self.device
+        bsz, plen = prompt_ids.shape
+        total = plen + params.max_new_tokens
         # decode steps extend this key-padding mask: True = masked out (megatron convention)
         key_pad = torch.zeros((bsz, total), dtype=torch.bool, device=dev)
         key_pad[:, :plen] = prompt_mask == 0
         logits = model(prompt_ids, positions, mask, inference_context=ctx, runtime_gather_output=True)
+        if recorder is not None:
+            recorder.step(bsz)
         ctx.sequence_len_offset += plen
         last_pos = positions[:, -1]
 
@@ -148,7 +171,39 @@ class NativeEngine:
             step_mask = key_pad[:, None, None, : plen + t + 1]
             logits = model(tok.unsqueeze(1), step_pos, step_mask, inference_context=ctx,
                            runtime_gather_output=True)
+            if recorder is not None:
+                recorder.step(bsz)
             ctx.sequence_len_offset += 1
+        routed = None
+        if recorder is not None:  # route the last sampled token too (its logits are not needed)
+            ctx.enable_decode_mode()
+            key_pad[:, plen + t] = False
+            model(tok.unsqueeze(1), (last_pos + 1 + t).unsqueeze(1), key_pad[:, None, None, : plen + t + 1],
+                  inference_context=ctx, runtime_gather_output=True)
+            recorder.step(bsz)
+            routed = recorder.result(bsz, total, dev)
         if was_training:
             model.train()
-        return RolloutBatch(prompt_ids, prompt_mask, response, resp_mask, log_probs=resp_lp)
+        return RolloutBatch(prompt_ids, prompt_mask, response, resp_mask, log_probs=resp_lp, routed_experts=routed)
+
+
+@contextlib.contextmanager
+def _sequence_parallel_off(model: torch.nn.Module):
+    """Sequence parallelism switched off for the duration of a generation (megatron's
+    ``set_model_to_sequence_parallel``, as the PP generation replicas do): a decode step's one token per
+    sequence cannot be split over TP ("First dimension of the tensor should be divisible by tensor
+    parallel size"). Restored afterwards for training. A no-op without SP."""
+    from verl_bridge.compat import unwrap_model
+
+    inner = unwrap_model(model)
+    config = getattr(inner, "config", None)
+    if not getattr(config, "sequence_parallel", False) or getattr(config, "tensor_model_parallel_size", 1) <= 1:
+        yield
+        return
+    from megatron.core.transformer.utils import set_model_to_sequence_parallel
+
+    set_model_to_sequence_parallel(inner, set_to=False)
+    try:
+        yield
+    finally:
+        set_model_to_sequence_parallel(inner, set_to=True)

@@ -107,4 +107,6 @@ class RolloutProducer:
         )
         if batch.log_probs is not None:  # the engine's log-probs of its samples: mismatch metrics, TIS
             exp.tensors["rollout_log_probs"] = batch.log_probs.to(device=self.device, dtype=torch.float32)
+        if getattr(batch, "routed_experts", None) is not None:  # routing replay (runtime/routing_replay.py)
+            exp.tensors["routed_experts"] = batch.routed_experts.to(device=self.device)
         return exp

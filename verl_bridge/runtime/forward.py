@@ -18,6 +18,7 @@ import torch
 
 from verl_bridge.runtime.batch import Experience, model_inputs, response_slice
 from verl_bridge.runtime.logprobs import mask_padded_vocab
+from verl_bridge.runtime.routing_replay import ROUTED_KEY, replaying
 from verl_bridge.runtime.schedule import cpu_forward_backward_no_pipelining, get_forward_backward_func
 
 
@@ -37,7 +38,8 @@ def forward_micro_batches(model, batches: list[Experience], loss_fn, *, pp_size:
             ids = torch.nn.functional.pad(ids, (0, pad), value=0)
             am = torch.nn.functional.pad(am, (0, pad), value=0)
         ids, pos, mask = model_inputs(ids, am)
-        out = module(ids, pos, mask)
+        with replaying(module, mb.tensors.get(ROUTED_KEY) if hasattr(mb, "tensors") else None):
+            out = module(ids, pos, mask)  # routing replay: the rollout's expert choices (MoE)
         return out, partial(loss_fn, mb)
 
     seq = batches[0].input_ids.shape[1] + pad

@@ -18,6 +18,13 @@ DDP and its schedule calls megatron's own ``finalize_model_grads``; this module 
    (megatron marks it ``shared``). The two gradients are SUMMED over megatron's embedding group
    (first and last stage), so both copies take the same step.
 
+4. Expert parallelism (MoE): an expert parameter (megatron marks it ``allreduce = False``) lives
+   on one expert-parallel rank and already holds the gradient of every token routed to it from
+   the whole EP group (the token dispatcher's backward brings them home). Its gradient is SUMMED
+   over the expert-data-parallel group (the ranks holding the same experts) and scaled by
+   ``1 / dp_size``: megatron's DDP ``expert_gradient_scaling_factor``. Router and shared-expert
+   parameters are dense (replicated over EP) and take the DP average of 1.
+
 (Position embeddings need no reduction for a GPT: megatron's position-embedding group is the
 first stage alone.)
 """
@@ -141,11 +148,35 @@ def average_data_parallel_grads(params: Iterable[torch.nn.Parameter], dp_group, 
         _allreduce_grads(grads, dp_group, scale=1.0 / dp_size)
 
 
+def reduce_expert_grads(params: list[torch.nn.Parameter], dp_size: int, edp_group=None) -> None:
+    """Expert parameters: SUM over the expert-data-parallel group, then scale by ``1 / dp_size``
+    (megatron's DDP for ``allreduce = False`` parameters)."""
+    if edp_group is None:
+        from megatron.core import parallel_state as mpu
+
+        edp_group = mpu.get_expert_data_parallel_group()
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    scale = 1.0 / dp_size if dp_size > 1 else None
+    if _group_size(edp_group) > 1:
+        _allreduce_grads(grads, edp_group, scale=scale)
+    elif scale is not None:
+        for g in grads:
+            g.mul_(scale)
+
+
 def finalize_grads(model: torch.nn.Module, params: Optional[list[torch.nn.Parameter]] = None, *,
                    dp_size: int, dp_group=None) -> None:
     """DP average over ``dp_group`` (of ``dp_size`` ranks), SP-norm sum over TP, tied-embedding sum over
     PP: megatron's ``finalize_model_grads`` for a model without megatron's DDP (gradients in ``param.grad``)."""
+    from verl_bridge.compat.moe import is_expert_param
+
     params = [p for p in model.parameters() if p.requires_grad] if params is None else params
+    experts = [p for p in params if is_expert_param(p)]
+    if experts:
+        params = [p for p in params if not is_expert_param(p)]
+        reduce_expert_grads(experts, dp_size)
     if dp_size > 1:
         average_data_parallel_grads(params, dp_group, dp_size)
     allreduce_sequence_parallel_grads(model)

@@ -67,15 +67,28 @@ class TorchOptimizer:
         from megatron.core import parallel_state as mpu
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
+        from verl_bridge.compat.moe import is_expert_param
+
         dev = self.params[0].device if self.params else torch.device("cpu")
         sq = torch.zeros(1, dtype=torch.float64, device=dev)
+        sq_expert = torch.zeros(1, dtype=torch.float64, device=dev)
+        has_experts = False
         for p in self.params:
             if p.grad is None or getattr(p, "shared", False):  # megatron's param_is_not_shared
                 continue
-            if param_is_not_tensor_parallel_duplicate(p):
+            if is_expert_param(p):  # MoE experts: distinct on each EP rank, counted over the expert grid
+                has_experts = True
+                if param_is_not_tensor_parallel_duplicate(p):
+                    sq_expert += p.grad.detach().double().pow(2).sum()
+            elif param_is_not_tensor_parallel_duplicate(p):
                 sq += p.grad.detach().double().pow(2).sum()
         if mpu.get_model_parallel_group() is not None and dist.get_world_size(mpu.get_model_parallel_group()) > 1:
             dist.all_reduce(sq, group=mpu.get_model_parallel_group())
+        if has_experts:  # megatron's expert optimizer: the norm over expert TP x EP x PP
+            group = mpu.get_expert_tensor_model_pipeline_parallel_group()
+            if group is not None and dist.get_world_size(group) > 1:
+                dist.all_reduce(sq_expert, group=group)
+            sq += sq_expert
         return math.sqrt(sq.item())
 
     def step(self) -> tuple[bool, float]:

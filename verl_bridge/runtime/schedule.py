@@ -39,9 +39,26 @@ def cpu_forward_backward_no_pipelining(
         raise ValueError(f"the CPU schedule runs one model chunk, got {len(chunks)} (virtual pipeline needs CUDA)")
     module = chunks[0]
     reduced = []
+    if not forward_only:
+        set_moe_aux_loss_scale(module, num_microbatches)
     with cpu_device_shims():
         _loop(forward_step_func, data_iterator, module, num_microbatches, forward_only, reduced)
     return reduced
+
+
+def set_moe_aux_loss_scale(module, num_microbatches: int) -> None:
+    """An MoE model's load-balancing loss reaches the gradients through megatron's
+    ``MoEAuxLossAutoScaler``, whose backward multiplies it by a global scale: megatron's schedules
+    set it to ``1 / num_microbatches`` (the main loss's own scale) in ``forward_step``; this
+    schedule does the same. Without it the scale stays 1 (or the last value set)."""
+    from verl_bridge.compat import unwrap_model
+
+    config = getattr(unwrap_model(module), "config", None)
+    if getattr(config, "num_moe_experts", None) is None:
+        return
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+    MoEAuxLossAutoScaler.set_loss_scale(torch.ones(1) / num_microbatches)
 
 
 def _loop(forward_step_func, data_iterator, module, num_microbatches, forward_only, reduced) -> None:

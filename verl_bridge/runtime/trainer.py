@@ -185,6 +185,11 @@ class MegatronTrainer:
 
             return start_replicas(self.bridge, roles.actor, self.layout, cfg, self.is_logger)
         engine = NativeEngine(roles.actor, self.device, compile=cfg.rollout.compile_decode, decode=cfg.rollout.decode)
+        if cfg.algorithm.moe_routing_replay:  # R3: the rollout records megatron's routing (runtime/routing_replay.py)
+            from verl_bridge.runtime.routing_replay import check_model
+
+            check_model(roles.actor)
+            engine.record_routing = True
         if self.is_logger:
             info(f"rollout: native engine, {engine.path} decode path"
                  + (f" ({engine.fast_reason})" if engine.fast is None else ""))

@@ -124,6 +124,11 @@ def update_model(model, optimizer, exp: Experience, loss_fn, *, config, dp_size:
     vocab = unpadded_vocab_size(model)
     model.train()
     module.train()
+    from verl_bridge.runtime.moe import moe_metrics_for
+
+    moe = moe_metrics_for(model)  # moe/aux_loss, moe/tokens_per_expert_cv (None: a dense model)
+    if moe is not None:
+        moe.start()
     for _epoch in range(a.ppo_epochs):
         order = torch.randperm(exp.size, generator=gen)
         for start in range(0, exp.size, mini):
@@ -145,6 +150,8 @@ def update_model(model, optimizer, exp: Experience, loss_fn, *, config, dp_size:
     out = {k: v / max(count, 1) for k, v in sums.items()}
     out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else 0.0
     out["skipped_steps"] = float(skipped)
+    if moe is not None:
+        out.update(moe.finish(dp_group, dp_size))
     return out
 
 
