@@ -34,6 +34,20 @@ fresh buffer split into those tensors. The buckets, their order and their conten
 as on the general path, and the exporter keeps views of the parameters between syncs (call
 :meth:`WeightExporter.reset` after moving the model).
 
+Coalesced general path (``coalesce=True``, the default; TP>1, PP>1 or ``fast_path=False``). The same
+stream as the per-tensor general path, bit for bit, from a plan built once per layout (see
+:class:`_CoalescedPlan`): the buckets are those of :func:`assign_buckets`; a unit of buckets (one
+bucket, or the buckets a tensor larger than the cap spans) is gathered at once. Per unit and dtype,
+this rank's shards are packed by one batched copy into its section of a preallocated gather buffer,
+each pipeline stage that owns part of the unit broadcasts its part of that section over the PP group
+(one broadcast per owning stage), and one in-place all-gather over the TP group fills the other ranks'
+sections. The HF tensors are views of the gather buffer where the layout allows (TP=1, replicated
+tensors, a column-parallel tensor alone in its unit) and otherwise land, by one batched copy per
+bucket, in a preallocated output buffer (the TP merge, per rank, and the q/k/v split in one copy).
+Memory: the two buffers, each about ``max(bucket_bytes, F)`` (the gather buffer also holds the
+vocabulary padding and TP copies of replicated tensors), kept between syncs until :meth:`reset`.
+``coalesce=False`` keeps the per-tensor path (one broadcast and one all-gather per parameter).
+
 Yielded tensors may alias the model's parameters (zero copy) and must be treated as read-only;
 clone them to keep them past the next training step. A yielded bucket list is emptied when the
 consumer asks for the next one (so that a ``for bucket in ...`` loop does not keep two buckets
