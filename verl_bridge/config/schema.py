@@ -35,6 +35,11 @@ class TrainerArgs:
     dp_size: Optional[int] = None  # derived from the world size when omitted
     sequence_parallel: bool = False
     use_distributed_optimizer: bool = True  # used on CUDA; CPU runs use a plain torch optimizer
+    # dynamic batching (verl's use_dynamic_bsz): micro-batches of old/ref log-probs, values and the
+    # update formed by a token budget, each packed into one row without padding (runtime/batch.py);
+    # algorithm.micro_batch_size is then unused
+    use_dynamic_bsz: bool = False
+    max_tokens_per_micro_batch: Optional[int] = None  # real tokens (prompt + response) per micro-batch
 
 
 @dataclass(kw_only=True)
