@@ -1,7 +1,7 @@
 """Dynamic batching (trainer.args.use_dynamic_bsz): micro-batches formed by a token budget and packed
 into one row without padding give the same log-probs, losses and gradients as padded micro-batches
-(fp32, within 1e-5) on a real megatron-core GPT (portable spec) at TP=1 (in-process) and TP=2 with
-sequence parallelism (one 2-process gloo run)."""
+(fp32, within 1e-5) on a real megatron-core GPT (portable spec) at TP=1 (in-process), and TP=2 with
+sequence parallelism then PP=2 (one 2-process gloo run)."""
 
 import torch
 
@@ -67,9 +67,12 @@ def test_token_budget_micro_batches_and_packing():
     assert p.input_ids[b - 1] == exp.response_ids[i, 1]  # its response has 2 tokens: the segment ends there
 
 
-def _check(tp: int, sp: bool):
-    """Padded vs packed: old log-probs, entropy, actor loss and gradients of one update pass."""
+def _check(tp: int, pp: int, sp: bool):
+    """Padded vs packed (the config keys, through compute_log_probs and update_model): old log-probs,
+    entropy, actor loss and the gradients of one update (finalized: SP norms summed over TP)."""
     from functools import partial
+
+    from megatron.core import parallel_state as mpu
 
     from verl_bridge.algorithms.registry import ALGORITHMS
     from verl_bridge.config import load_config
@@ -77,30 +80,33 @@ def _check(tp: int, sp: bool):
     from verl_bridge.distributed import seed_everything
     from verl_bridge.models.tiny import tiny_model_provider
     from verl_bridge.runtime.experience import compute_log_probs
-    from verl_bridge.runtime.forward import forward_micro_batches
-    from verl_bridge.runtime.grads import finalize_grads
-    from verl_bridge.runtime.logprobs import unpadded_vocab_size
-    from verl_bridge.runtime.update import actor_loss, global_batch
+    from verl_bridge.runtime.optimizer import TorchOptimizer
+    from verl_bridge.runtime.update import actor_loss, max_tokens_per_micro_batch, update_model
 
-    cfg = load_config(QUICKSTART, ["trainer.output_dir=null", "algorithm.entropy_coef=0.01",
-                                   "algorithm.kl.placement=loss", "algorithm.kl.coef=0.1",
-                                   f"trainer.args.tp_size={tp}"], world_size=tp)
+    common = ["trainer.output_dir=null", "algorithm.entropy_coef=0.01", "algorithm.kl.placement=loss",
+              "algorithm.kl.coef=0.1", "algorithm.micro_batch_size=2",
+              f"trainer.args.tp_size={tp}", f"trainer.args.pp_size={pp}"]
+    configs = {"padded": load_config(QUICKSTART, common, world_size=tp * pp),
+               # 11+3+4 | 10+7 | 7+6 real tokens: odd lengths take the sequence-parallel padding
+               "packed": load_config(QUICKSTART, common + ["trainer.args.use_dynamic_bsz=true",
+                                                          "trainer.args.max_tokens_per_micro_batch=21"],
+                                     world_size=tp * pp)}
     seed_everything(0)
-    model = tiny_model_provider(ModelArgs(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2),
-                                VOCAB, 64, tp_size=tp, sequence_parallel=sp)(True, True)
+    args = ModelArgs(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2)
+    model = tiny_model_provider(args, VOCAB, 64, tp_size=tp, sequence_parallel=sp)(
+        mpu.is_pipeline_first_stage(), mpu.is_pipeline_last_stage())
+    start = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in model.state_dict().items()}
     exp = _experience()
     out = {}
-    for name, kw in (("padded", dict(micro_batch_size=2)), ("packed", dict(micro_batch_size=2, max_tokens=24))):
-        lp, ent = compute_log_probs(model, exp, pp_size=1, temperature=1.0, with_entropy=True, **kw)
-        micro = exp.split(kw["micro_batch_size"], kw.get("max_tokens"))
-        share = partial(actor_loss, config=cfg, spec=ALGORITHMS[cfg.algorithm.name], kl_coef=0.1,
-                        global_batch=global_batch(exp.response_mask, 1), loss_scale=float(len(micro)),
-                        vocab_size=unpadded_vocab_size(model))
-        model.zero_grad()
-        model.train()
-        res = forward_micro_batches(model, micro, share, pp_size=1, forward_only=False)
-        finalize_grads(model, dp_size=1)
-        out[name] = dict(lp=lp, ent=ent, loss=sum(r["actor_loss"] for r in res) / len(res), n=len(micro),
+    for name, cfg in configs.items():
+        model.load_state_dict(start)
+        tok = max_tokens_per_micro_batch(cfg)
+        lp, ent = compute_log_probs(model, exp, pp_size=pp, temperature=1.0, micro_batch_size=2,
+                                    with_entropy=True, max_tokens=tok)
+        opt = TorchOptimizer(model, lr=1e-2, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8, clip_grad=0.0)
+        stats = update_model(model, opt, exp, partial(actor_loss, config=cfg, spec=ALGORITHMS[cfg.algorithm.name], kl_coef=0.1),
+                             config=cfg, dp_size=1, pp_size=pp, step=1)
+        out[name] = dict(lp=lp, ent=ent, loss=stats["actor_loss"], n=len(exp.split(2, tok)),
                          grads={n: p.grad.clone() for n, p in model.named_parameters()})
     return out
 
@@ -121,16 +127,39 @@ def test_packed_equals_padded_tp1():
     from verl_bridge.distributed import init_model_parallel
 
     init_model_parallel(1, 1)
-    _compare(_check(1, False), _experience().response_mask)
+    _compare(_check(1, 1, False), _experience().response_mask)
 
 
-def _tp2(rank, world_size):
+def _two_ranks(rank, world_size):
+    """TP=2 with sequence parallelism, then PP=2 (one packed length for every micro-batch), one launch."""
+    from megatron.core import parallel_state as mpu
+
     from verl_bridge.distributed import init_model_parallel
 
     init_model_parallel(world_size, 1)
-    return _check(world_size, True)
+    tp = _check(world_size, 1, True)
+    mpu.destroy_model_parallel()
+    init_model_parallel(1, world_size)
+    return {"tp": tp, "pp": _check(1, world_size, False)}
 
 
-def test_packed_equals_padded_tp2_sequence_parallel():
-    for out in run_distributed(_tp2, 2):
-        _compare(out, _experience().response_mask)
+def test_packed_equals_padded_tp2_sequence_parallel_and_pp2():
+    for out in run_distributed(_two_ranks, 2):
+        _compare(out["tp"], _experience().response_mask)
+        _compare(out["pp"], _experience().response_mask)
+
+
+def test_bad_dynamic_batching_config_is_refused_with_what_is_allowed():
+    import pytest
+
+    from verl_bridge.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config(QUICKSTART, ["trainer.output_dir=null", "trainer.args.use_dynamic_bsz=true"])
+    assert "trainer.args.max_tokens_per_micro_batch" in str(e.value) and "integer >= 1" in str(e.value)
+    with pytest.raises(ConfigError, match="trainer.args.max_tokens_per_micro_batch"):
+        load_config(QUICKSTART, ["trainer.output_dir=null", "trainer.args.use_dynamic_bsz=true",
+                                 "trainer.args.max_tokens_per_micro_batch=0"])
+    cfg = load_config(QUICKSTART, ["trainer.output_dir=null", "trainer.args.use_dynamic_bsz=true",
+                                   "trainer.args.max_tokens_per_micro_batch=4096"])
+    assert cfg.trainer.args.use_dynamic_bsz is True and cfg.trainer.args.max_tokens_per_micro_batch == 4096
