@@ -42,6 +42,7 @@ class RefitPlan:
     bandwidth_bytes_per_s: Optional[float]
     bandwidth_source: str
     seconds: Optional[float]
+    export_path: str = "fast"  # the exporter's path at this layout: fast (TP=1 / PP=1) or coalesced
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -124,6 +125,7 @@ def plan_refit(shape: ModelShape, precision: str, bucket_mb: float, bandwidth_gb
         peak_extra_bytes=(max(min(bucket, total), largest) + largest  # a bucket never holds more than the model
                           if tp == 1 and pp == 1 else coalesced_peak_bytes(entries, bucket, tp)),
         bandwidth_bytes_per_s=bw, bandwidth_source=source, seconds=(total / bw) if bw else None,
+        export_path="fast" if tp == 1 and pp == 1 else "coalesced",
     )
 
 
@@ -131,9 +133,9 @@ def refit_lines(plan: RefitPlan, precision: str) -> list[str]:
     lines = [
         f"refit           {fmt_gib(plan.bytes_per_sync)} per sync ({plan.tensors} HF tensors in {precision}); "
         f"{plan.buckets} bucket(s) of {plan.bucket_bytes / MiB:g} MiB (rollout.bucket_mb)",
-        f"                peak extra memory/rank {fmt_gib(plan.peak_extra_bytes)} (TP=1 / PP=1: max(bucket, F) + F; "
-        f"else a gather and an output buffer of about max(bucket, F) each), F the "
-        f"largest gathered tensor ({plan.largest_tensor}, {fmt_gib(plan.largest_tensor_bytes)})",
+        f"                peak extra memory/rank {fmt_gib(plan.peak_extra_bytes)} = "
+        + ("max(bucket, F) + F" if plan.export_path == "fast" else "a gather + an output buffer, ~max(bucket, F) each")
+        + f", F the largest gathered tensor ({plan.largest_tensor}, {fmt_gib(plan.largest_tensor_bytes)})",
     ]
     if plan.seconds is not None:
         t = f"{plan.seconds:.3f} s" if plan.seconds >= 0.1 else f"{plan.seconds * 1e3:.3f} ms"
