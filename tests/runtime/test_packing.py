@@ -35,36 +35,36 @@ def _experience(n: int = 7, seed: int = 0):
 
 def test_token_budget_micro_batches_and_packing():
     exp = _experience()
-    lengths = exp.attention_mask.sum(1).tolist()  # [11, 3, 4, 10, 7, 7, 6]
+    lengths = exp.attention_mask.sum(1).tolist()
+    assert lengths == [11, 3, 4, 10, 7, 7, 6]
     micro = exp.token_micro_batches(12)
-    groups = [mb.input_ids.tolist() for mb in micro]
-    assert sum(len(g) for g in groups) == exp.size
-    assert [row for g in groups for row in g] == exp.input_ids.tolist()  # order kept
-    for mb in micro:
-        n = mb.packed.length
-        assert n == int(mb.attention_mask.sum()) and (n <= 12 or mb.size == 1)
-        assert torch.equal(mb.packed.input_ids, mb.input_ids[mb.attention_mask.bool()])  # no padding
-    assert [mb.packed.length for mb in micro] == [11, 3 + 4, 10, 7, 7, 6]  # the next sample would overflow
+    assert [row for mb in micro for row in mb.input_ids.tolist()] == exp.input_ids.tolist()  # order kept
+    assert [int(mb.attention_mask.sum()) for mb in micro] == [11, 3 + 4, 10, 7, 7, 6]  # the next would overflow
+    for mb in micro:  # no padding inside: the rows hold exactly the real tokens
+        assert torch.equal(mb.packed.input_ids[mb.packed.segments >= 0], mb.input_ids[mb.attention_mask.bool()])
     # a sample longer than the budget is a micro-batch of its own
     assert [mb.size for mb in exp.token_micro_batches(8)] == [1, 2, 1, 1, 1, 1]
-    # positions restart per sequence; a token attends to earlier tokens of its own sequence only
-    mb = exp.token_micro_batches(100)[0]
-    p = mb.packed
-    assert p.length == sum(lengths)
-    assert p.position_ids[: lengths[0]].tolist() == list(range(lengths[0]))
-    assert p.position_ids[lengths[0]: lengths[0] + lengths[1]].tolist() == list(range(lengths[1]))
-    ids, pos, mask = p.inputs(p.length + 3)
-    assert ids.shape == (1, p.length + 3) and mask.shape == (1, 1, p.length + 3, p.length + 3)
+    # rows are never longer than the padded length (11 here): attention costs no more than padded
+    p = exp.token_micro_batches(100)[0].packed
+    assert p.length == 11 and [int((r >= 0).sum()) for r in p.segments] == [11, 7, 10, 7, 7, 6]
+    # one long row: positions restart per sequence; a token attends to earlier tokens of its own sequence
+    p = exp.token_micro_batches(100, row_tokens=100)[0].packed
+    assert p.rows == 1 and p.length == sum(lengths)
+    pos = p.position_ids[0]
+    assert pos[: lengths[0]].tolist() == list(range(lengths[0]))
+    assert pos[lengths[0]: lengths[0] + lengths[1]].tolist() == list(range(lengths[1]))
+    ids, _, mask = p.inputs(p.length + 3, rows=2)
+    assert ids.shape == (2, p.length + 3) and mask.shape == (2, 1, p.length + 3, p.length + 3)
     a, b = lengths[0], lengths[0] + lengths[1]
-    assert not mask[0, 0, a + 1, a] and mask[0, 0, a + 1, a - 1] and mask[0, 0, a, a + 1]
-    assert mask[0, 0, -1].sum() == p.length + 2 and not mask[0, 0, -1, -1]  # padding: itself only
-    # index: the packed position that predicts each response token is the previous real token
-    i = 1
-    start = lengths[0]
-    assert p.index[i, 0] == start + 1 - 1 + 0  # prompt of 1 token: it predicts response token 0
-    assert p.index[i, 1] == start + 1  # response token 0 predicts response token 1
-    assert p.input_ids[p.index[i, 1]] == exp.response_ids[i, 0]
-    assert p.input_ids[b - 1] == exp.response_ids[i, 1]  # its response has 2 tokens: the segment ends there
+    m = mask[0, 0]
+    assert not m[a + 1, a] and m[a + 1, a - 1] and m[a, a + 1]
+    assert m[-1].sum() == p.length + 2 and not m[-1, -1]  # padding attends to itself only
+    assert all(not mask[1, 0, i, i] and mask[1, 0, i].sum() == p.length + 2 for i in range(p.length + 3))
+    # the packed position that predicts each response token is the previous real token
+    i = 1  # a prompt of 1 token and a response of 2
+    assert p.col[i, 0] == a and p.col[i, 1] == a + 1 and p.row[i, 0] == 0
+    assert p.input_ids[0, p.col[i, 1]] == exp.response_ids[i, 0]
+    assert p.input_ids[0, b - 1] == exp.response_ids[i, 1]
 
 
 def _check(tp: int, pp: int, sp: bool):

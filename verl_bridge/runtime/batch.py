@@ -2,13 +2,14 @@
 
 Dynamic batching (``trainer.args.use_dynamic_bsz``): :meth:`Experience.token_micro_batches` forms
 micro-batches by a token budget (``trainer.args.max_tokens_per_micro_batch``) instead of a row
-count, and packs each one into a single row without padding: the real tokens of its sequences end
-to end, positions restarting at 0 for each sequence, and a block-diagonal causal attention mask
-(a token attends to the earlier tokens of its own sequence only). The portable spec's attention
+count, and packs each one into rows no longer than the padded sequence, without padding inside:
+the real tokens of its sequences end to end, positions restarting at 0 for each sequence, and a
+block-diagonal causal attention mask (a token attends to the earlier tokens of its own sequence
+only); only the last row's tail (and, for a pipeline, rows up to one shape) is padding. The portable spec's attention
 (SDPA) and megatron's local spec take an explicit mask but not megatron's THD layout
 (``PackedSeqParams`` / ``cu_seqlens``: Transformer Engine kernels), so the packed row carries a
-``[1, 1, L, L]`` mask: padding costs no FLOPs in the linear layers and the MLP, attention still
-scores the ``L x L`` block matrix. Per-sample tensors stay ``[B, R]``; the response outputs are
+``[K, 1, L, L]`` mask: padding costs (almost) no FLOPs in the linear layers and the MLP, and
+attention scores each row's ``L x L`` block matrix, ``L`` at most the padded length. Per-sample tensors stay ``[B, R]``; the response outputs are
 gathered back from the packed row (:func:`response_outputs`), so losses and the global token-mean
 are unchanged.
 """
@@ -23,50 +24,77 @@ import torch
 
 @dataclass
 class Packed:
-    """One micro-batch packed into a row: ``input_ids``, ``position_ids`` and ``segments`` ``[L]``
-    (sequence index of each token), and ``index`` ``[B, R]``: the packed position whose output
-    predicts each response token (positions of response padding point inside their own sequence;
-    the response mask hides them)."""
+    """One micro-batch packed into rows: ``input_ids``, ``position_ids`` and ``segments`` ``[K, W]``
+    (the sample index of each token; padding at the end of a row gets its own negative id), and
+    ``row`` / ``col`` ``[B, R]``: the packed position whose output predicts each response token
+    (positions of response padding point inside their own sequence; the response mask hides them)."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     segments: torch.Tensor
-    index: torch.Tensor
+    row: torch.Tensor
+    col: torch.Tensor
+
+    @property
+    def rows(self) -> int:
+        return self.input_ids.shape[0]
 
     @property
     def length(self) -> int:
-        return self.input_ids.shape[0]
+        return self.input_ids.shape[1]
 
-    def inputs(self, length: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(input_ids [1, S], position_ids [1, S], attention mask [1, 1, S, S], True = masked out),
-        right-padded to ``length`` (a pipeline needs one length for every micro-batch; sequence
-        parallelism a multiple of TP): each padding position attends to itself only."""
-        n = self.length
+    def inputs(self, length: Optional[int] = None, rows: Optional[int] = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input_ids [K, S], position_ids [K, S], attention mask [K, 1, S, S], True = masked out),
+        padded to ``length`` columns and ``rows`` rows (a pipeline needs one shape for every
+        micro-batch; sequence parallelism a length that divides by TP): each padding position
+        attends to itself only."""
+        k, n = self.input_ids.shape
         length = n if length is None else length
-        pad = length - n
-        dev = self.input_ids.device
-        ids = torch.nn.functional.pad(self.input_ids, (0, pad), value=0)
-        pos = torch.nn.functional.pad(self.position_ids, (0, pad), value=0)
-        seg = torch.cat([self.segments, -1 - torch.arange(pad, device=dev)])
+        rows = k if rows is None else rows
+        pad = (0, length - n, 0, rows - k)
+        ids = torch.nn.functional.pad(self.input_ids, pad, value=0)
+        pos = torch.nn.functional.pad(self.position_ids, pad, value=0)
+        seg = torch.nn.functional.pad(self.segments, pad, value=-1)
+        dev = ids.device
+        fresh = -2 - torch.arange(rows * length, device=dev).view(rows, length)  # one id per padding slot
+        seg = torch.where(seg < 0, fresh, seg)
         causal = torch.ones(length, length, dtype=torch.bool, device=dev).triu(1)
-        mask = causal | (seg[:, None] != seg[None, :])
-        return ids[None], pos[None], mask[None, None]
+        mask = causal[None] | (seg[:, :, None] != seg[:, None, :])
+        return ids, pos, mask[:, None]
 
 
-def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, response_len: int) -> Packed:
-    """Pack rows ``[B, S]`` (left-padded prompt + right-padded response) into one row of their real tokens."""
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, response_len: int,
+         row_tokens: Optional[int] = None) -> Packed:
+    """Pack rows ``[B, S]`` (left-padded prompt + right-padded response) into rows of at most
+    ``row_tokens`` real tokens (default ``S``: no row is longer than a padded one, so attention
+    never costs more than padded), samples in order, a new row when the next one does not fit."""
     keep = attention_mask.bool()
-    lengths = keep.sum(dim=1)
-    starts = torch.cumsum(lengths, 0) - lengths
-    flat = input_ids[keep]
-    segments = torch.repeat_interleave(torch.arange(input_ids.shape[0], device=input_ids.device), lengths)
-    positions = torch.arange(flat.shape[0], device=input_ids.device) - starts[segments]
+    dev = input_ids.device
+    lengths = keep.sum(dim=1).tolist()
+    cap = max(row_tokens or input_ids.shape[1], max(lengths, default=1))
+    row_of, start_of, rows = [], [], [0]
+    for n in lengths:
+        if rows[-1] and rows[-1] + n > cap:
+            rows.append(0)
+        row_of.append(len(rows) - 1)
+        start_of.append(rows[-1])
+        rows[-1] += n
+    width = max(rows)
+    ids = torch.zeros(len(rows), width, dtype=input_ids.dtype, device=dev)
+    pos = torch.zeros(len(rows), width, dtype=torch.long, device=dev)
+    seg = torch.full((len(rows), width), -1, dtype=torch.long, device=dev)
+    for i, (n, r, c) in enumerate(zip(lengths, row_of, start_of)):
+        ids[r, c:c + n] = input_ids[i][keep[i]]
+        pos[r, c:c + n] = torch.arange(n, device=dev)
+        seg[r, c:c + n] = i
     # the output at original column c (a real token, or padding after the response) comes from the
     # packed position of the last real token at or before c
-    rank = keep.long().cumsum(dim=1) - 1  # [B, S]: index among the row's real tokens
-    cols = torch.arange(prompt_len - 1, prompt_len - 1 + response_len, device=input_ids.device)
-    index = starts[:, None] + rank[:, cols].clamp(min=0)
-    return Packed(flat, positions, segments, index)
+    rank = keep.long().cumsum(dim=1) - 1  # [B, S]: index among the sample's real tokens
+    cols = torch.arange(prompt_len - 1, prompt_len - 1 + response_len, device=dev)
+    row = torch.tensor(row_of, device=dev)[:, None].expand(-1, response_len)
+    col = torch.tensor(start_of, device=dev)[:, None] + rank[:, cols].clamp(min=0)
+    return Packed(ids, pos, seg, row, col)
 
 
 @dataclass
@@ -105,10 +133,11 @@ class Experience:
         return [self.select(torch.arange(i, min(i + micro_batch_size, self.size)))
                 for i in range(0, self.size, micro_batch_size)]
 
-    def token_micro_batches(self, max_tokens: int) -> list["Experience"]:
+    def token_micro_batches(self, max_tokens: int, row_tokens: Optional[int] = None) -> list["Experience"]:
         """Micro-batches of consecutive samples (order kept) whose real tokens (prompt + response,
-        padding left out) sum to at most ``max_tokens``, each packed into one row (:class:`Packed`);
-        a sample longer than the budget is a micro-batch of its own."""
+        padding left out) sum to at most ``max_tokens``, each packed into rows of at most
+        ``row_tokens`` tokens (default: the padded length; :func:`pack`); a sample longer than the
+        budget is a micro-batch of its own."""
         lengths = self.attention_mask.sum(dim=1).tolist()
         groups: list[list[int]] = []
         held = 0
@@ -122,7 +151,7 @@ class Experience:
         out = []
         for g in groups:
             mb = self.select(torch.tensor(g, device=self.input_ids.device))
-            mb.packed = pack(mb.input_ids, mb.attention_mask, mb.prompt_len, mb.response_ids.shape[1])
+            mb.packed = pack(mb.input_ids, mb.attention_mask, mb.prompt_len, mb.response_ids.shape[1], row_tokens)
             out.append(mb)
         return out
 
@@ -153,7 +182,7 @@ def response_slice(logits_or_values: torch.Tensor, prompt_len: int, response_len
 
 def response_outputs(output: torch.Tensor, mb: "Experience") -> torch.Tensor:
     """``mb``'s outputs at the positions that predict its response tokens, ``[B, R, ...]``, from a
-    padded ``[B, S, ...]`` output or a packed ``[1, L, ...]`` one."""
+    padded ``[B, S, ...]`` output or a packed ``[K, L, ...]`` one."""
     if mb.packed is not None:
-        return output[0][mb.packed.index]
+        return output[mb.packed.row, mb.packed.col]
     return response_slice(output, mb.prompt_len, mb.response_ids.shape[1])

@@ -29,16 +29,18 @@ def forward_micro_batches(model, batches: list[Experience], loss_fn, *, pp_size:
     fb = cpu_forward_backward_no_pipelining if outside else get_forward_backward_func(pp_size, vp)
 
     packed = batches[0].packed is not None
-    if packed:  # one row per micro-batch; a pipeline passes activations of one shape between stages
+    if packed:  # a pipeline passes activations of one shape between stages: pad every micro-batch to it
         same = pp_size > 1 or len(chunks) > 1
         longest = max(b.packed.length for b in batches)
+        most_rows = max(b.packed.rows for b in batches)
     pad = 0 if outside else _sequence_parallel_padding(chunks[0], batches[0].input_ids.shape[1])
 
     def forward_step(data_iterator, module):
         mb = next(data_iterator)
         if mb.packed is not None:
             n = longest if same else mb.packed.length
-            ids, pos, mask = mb.packed.inputs(n + (0 if outside else _sequence_parallel_padding(chunks[0], n)))
+            ids, pos, mask = mb.packed.inputs(n + (0 if outside else _sequence_parallel_padding(chunks[0], n)),
+                                              most_rows if same else None)
             return module(ids, pos, mask), partial(loss_fn, mb)
         ids, am = mb.input_ids, mb.attention_mask
         if pad:  # masked positions after the sequence: outputs never read, earlier positions unchanged
@@ -54,7 +56,8 @@ def forward_micro_batches(model, batches: list[Experience], loss_fn, *, pp_size:
     # a virtual pipeline: every chunk reads the micro-batches through its own iterator
     data = [iter(batches) for _ in chunks] if len(chunks) > 1 else iter(batches)
     res = fb(forward_step_func=forward_step, data_iterator=data, model=chunks,
-             num_microbatches=len(batches), seq_length=seq, micro_batch_size=1 if packed else batches[0].size,
+             num_microbatches=len(batches), seq_length=seq,
+             micro_batch_size=most_rows if packed else batches[0].size,
              forward_only=forward_only)
     if pp_size > 1 and not outside:
         res = broadcast_from_last_stage(res)
