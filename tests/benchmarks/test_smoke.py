@@ -63,6 +63,7 @@ def test_weight_export_benchmark_runs(tmp_path):
     r = out["results"]
     assert r["check_missing_names"] == [] and r["check_mismatched_tensors"] == []
     assert _finite_positive(r["export_GBps"]) and _finite_positive(r["general_path_GBps"])
+    assert _finite_positive(r["general_coalesced_GBps"]) and r["general_coalesced_peak_extra_bytes"] > 0
     assert _finite_positive(out["baseline"]["copy_GBps"]) and _finite_positive(out["ratio"])
 
 

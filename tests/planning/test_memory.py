@@ -5,8 +5,8 @@ from pathlib import Path
 
 from verl_bridge.config import load_config
 from verl_bridge.planning.memory import GiB, plan_memory, stage_params_per_rank, total_params
-from verl_bridge.planning.refit import count_buckets, plan_refit
-from verl_bridge.planning.shapes import BUILTIN_SHAPES, resolve_shape
+from verl_bridge.planning.refit import coalesced_peak_bytes, count_buckets, plan_refit
+from verl_bridge.planning.shapes import BUILTIN_SHAPES, resolve_shape, stream_entries
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "templates" / "megatron_ppo.yaml"
@@ -81,7 +81,15 @@ def test_refit_bytes_buckets_and_peak():
     assert plan.buckets >= math.ceil(TOTAL * 2 / bucket) == 10
     # the largest gathered tensor: the TP-padded embedding (50432 rows at TP=2), smaller than a bucket
     assert plan.largest_tensor == "embedding" and plan.largest_tensor_bytes == V_PAD * H * 2
-    assert plan.peak_extra_bytes == bucket + V_PAD * H * 2
+    # at TP=2 the coalesced exporter holds a gather buffer and an output buffer (about a bucket each);
+    # its fast path (TP=1 / PP=1) holds one bucket plus the tensor in flight
+    assert bucket * 2 - V_PAD * H * 2 <= plan.peak_extra_bytes <= 2 * bucket + V_PAD * H * 2
+    assert plan.peak_extra_bytes == coalesced_peak_bytes(
+        [(n, f * 2, [p * 2 for p in ps]) for n, f, ps in stream_entries(shape, 2)], bucket, 2)
+    tp1 = plan_refit(shape, "bf16", 256, tp=1)
+    assert tp1.peak_extra_bytes == bucket + tp1.largest_tensor_bytes
+    assert plan_refit(shape, "bf16", 256, tp=1, pp=2).peak_extra_bytes == coalesced_peak_bytes(
+        [(n, f * 2, [p * 2 for p in ps]) for n, f, ps in stream_entries(shape, 1)], bucket, 1)
     assert math.isclose(plan.seconds, TOTAL * 2 / (400e9 / 8))
     # packing rule: (name, full bytes, [piece bytes]); flush before a tensor whose full size overflows,
     # and before a piece that overflows

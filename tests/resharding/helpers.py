@@ -27,6 +27,8 @@ def make_dirs(tmp_path) -> dict[str, str]:
     for arch in ARCHS:
         dirs[arch] = str(tmp_path / arch)
         make_tiny_hf(arch, dirs[arch])
+    dirs["opt"] = str(tmp_path / "opt")  # the coalesced export checks only
+    make_tiny_hf("opt", dirs["opt"])
     dirs["deep_llama"] = str(tmp_path / "deep_llama")
     make_deep_llama(dirs["deep_llama"])
     return dirs

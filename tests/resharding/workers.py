@@ -11,6 +11,7 @@ actor, intact and deliberately corrupted.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 
 import torch
@@ -91,20 +92,24 @@ def layouts_worker(rank, world_size, dirs):
                 res["again"] = [n for n, _ in again]
                 res["again_equal"] = all(ok for _, ok in again)
             else:
-                for cap_name, cap in (("one", 1), ("two_largest", None)):
-                    exp = WeightExporter(model, vocab_size=HF_VOCAB, bucket_bytes=1)
+                for (cap_name, cap), coalesce in itertools.product((("one", 1), ("two_largest", None)), (True, False)):
+                    exp = WeightExporter(model, vocab_size=HF_VOCAB, bucket_bytes=1, coalesce=coalesce)
                     largest = exp.largest_tensor_bytes()
                     exp.bucket_bytes = cap if cap is not None else 2 * largest
                     names, mismatched, buckets = _export_check(exp, ref)
-                    res[cap_name] = dict(names=names, mismatched=mismatched, buckets=buckets, stats=exp.stats,
-                                         largest=largest, cap=exp.bucket_bytes)
+                    res[(cap_name, coalesce)] = dict(names=names, mismatched=mismatched, buckets=buckets,
+                                                     stats=exp.stats, largest=largest, cap=exp.bucket_bytes)
             res["seconds"] = time.perf_counter() - t0
             if (tp, pp) == (2, 1) and arch == "llama":
                 out["te_names"] = _te_names_check(model, ref)
             if pp == 1 and arch in ARCHS:
                 out[("verify", tp, arch)] = _verify_checks(model, dirs[arch])
             out[(tp, pp, arch)] = res
+            if arch in ARCHS:
+                _coalesced_checks(out, model, ref, arch, tp, pp)
             del model
+        if (tp, pp) != (1, 1):  # OPT's layout too: learned positions, biases, an ungated MLP
+            _coalesced_checks(out, build(dirs["opt"], pp_rank, pp), SafetensorsDir(dirs["opt"]), "opt", tp, pp)
         if (tp, pp) == (2, 2):  # cast on the way out
             ref = SafetensorsDir(dirs["llama"])
             model = build(dirs["llama"], pp_rank, pp)
@@ -116,6 +121,23 @@ def layouts_worker(rank, world_size, dirs):
         mpu.destroy_model_parallel()
     out["vpp"] = _vpp_check(dirs["deep_llama"])
     return out
+
+
+def _coalesced_checks(out, model, ref, arch, tp, pp):
+    """The coalesced general path against the per-tensor one and the HF file (see
+    tests/resharding/test_export_coalesced.py) for each bucket cap, fp32 and bf16."""
+    from tests.resharding.test_export_coalesced import CAPS, SMALL, _compare
+
+    if (tp, pp) == (1, 1):
+        return  # in-process in test_export_coalesced.py
+    res = out.setdefault("coalesced", {})
+    for cap in CAPS:
+        for dtype in ((None, torch.bfloat16) if cap == SMALL else (None,)):
+            problems, st, plan = _compare(model, ref, arch, bucket_bytes=cap, dtype=dtype)
+            res[(tp, pp, arch, cap, str(dtype))] = dict(
+                problems=problems[:5], buckets=st.buckets, peak=st.peak_extra_bytes,
+                bcasts=sum(len(u.bcasts) for u in plan.units),
+                gathers=sum(len(u.gathers) for u in plan.units), units=len(plan.units))
 
 
 def _vpp_check(hf_dir, pp: int = 2, vpp: int = 2):

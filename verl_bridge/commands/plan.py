@@ -59,7 +59,7 @@ def plan(config_file, overrides, nproc, nnodes, device_memory_gb, model_shape, b
     layout_lines = parallel_plan(cfg, world, has_cuda)
     mem = plan_memory(cfg, world, shape, shape_source, device, device_source)
     refit = plan_refit(shape, cfg.trainer.precision, cfg.rollout.bucket_mb, bandwidth_gbps, measure=True,
-                       tp=cfg.trainer.args.tp_size)
+                       tp=cfg.trainer.args.tp_size, pp=cfg.trainer.args.pp_size)
     fits = None if device is None else mem.worst.peak <= device
     if as_json:
         click.echo(json.dumps({"config": config_file, "world_size": world, "parallel_plan": layout_lines,

@@ -36,6 +36,11 @@ class TrainerArgs:
     sequence_parallel: bool = False
     ep_size: int = 1  # expert parallelism (MoE models): experts split over ep_size ranks of each DP x TP slice
     use_distributed_optimizer: bool = True  # used on CUDA; CPU runs use a plain torch optimizer
+    # dynamic batching (verl's use_dynamic_bsz): micro-batches of old/ref log-probs, values and the
+    # update formed by a token budget, each packed into one row without padding (runtime/batch.py);
+    # algorithm.micro_batch_size is then unused
+    use_dynamic_bsz: bool = False
+    max_tokens_per_micro_batch: Optional[int] = None  # real tokens (prompt + response) per micro-batch
 
 
 @dataclass(kw_only=True)

@@ -114,6 +114,13 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
     ta = t.args
     _range(p, "trainer.args.tp_size", ta.tp_size, lo=1, hi=MAX_RANKS)
     _range(p, "trainer.args.pp_size", ta.pp_size, lo=1, hi=MAX_RANKS)
+    if not isinstance(ta.use_dynamic_bsz, bool):
+        p.append(f"trainer.args.use_dynamic_bsz={ta.use_dynamic_bsz!r}: expected true or false")
+    elif ta.use_dynamic_bsz and ta.max_tokens_per_micro_batch is None:
+        p.append("trainer.args.use_dynamic_bsz=true needs trainer.args.max_tokens_per_micro_batch: the real "
+                 "tokens (prompt + response) per micro-batch, an integer >= 1 (e.g. 4096)")
+    if ta.max_tokens_per_micro_batch is not None:
+        _range(p, "trainer.args.max_tokens_per_micro_batch", ta.max_tokens_per_micro_batch, lo=1, hi=MAX_BATCH)
     dp = None
     if isinstance(ta.tp_size, int) and isinstance(ta.pp_size, int) and ta.tp_size >= 1 and ta.pp_size >= 1:
         mp = ta.tp_size * ta.pp_size

@@ -9,8 +9,10 @@ engine keeps its own rollout-TP shard), so per sync and per rank:
 * buckets = the exporter's packing rule replayed on the shape (:func:`count_buckets`): before each
   megatron tensor the pending bucket is sent if the tensor's full size could overflow it, then each
   HF piece (q/k/v, gate/up) is added, sending the bucket first when it would overflow;
-* peak extra memory = the exporter's bound ``max(bucket, F) + F``, F the largest full megatron
-  tensor (one bucket, or one tensor larger than a bucket, plus the tensor being gathered);
+* peak extra memory = the exporter's bound: at TP=1 / PP=1 (its fast path) ``max(bucket, F) + F``,
+  F the largest full megatron tensor (one bucket, or one tensor larger than a bucket, plus the tensor
+  being gathered); at TP>1 or PP>1 (its coalesced general path) its two buffers, replayed on the
+  shape (:func:`coalesced_peak_bytes`): the largest gathered unit of buckets plus the largest bucket;
 * time = bytes / bandwidth, the bandwidth given (``--bandwidth-gbps``, Gbit/s) or measured here by a
   timed device-to-device tensor copy (on CPU a memory copy: a lower bound on no interconnect).
 """
@@ -40,6 +42,7 @@ class RefitPlan:
     bandwidth_bytes_per_s: Optional[float]
     bandwidth_source: str
     seconds: Optional[float]
+    export_path: str = "fast"  # the exporter's path at this layout: fast (TP=1 / PP=1) or coalesced
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -50,6 +53,33 @@ def count_buckets(entries: list[tuple[str, int, list[int]]], bucket: int) -> int
     from verl_bridge.resharding.export import assign_buckets
 
     return len(assign_buckets([(full, pieces) for _, full, pieces in entries], bucket))
+
+
+# tensors every TP rank holds whole (the coalesced exporter gathers TP copies of them)
+_REPLICATED = ("norm.weight", "norm.bias", "linear_proj.bias", "linear_fc2.bias", "position_embeddings")
+
+
+def coalesced_peak_bytes(entries: list[tuple[str, int, list[int]]], bucket: int, tp: int) -> int:
+    """The coalesced exporter's two buffers for ``(name, full bytes, [piece bytes])`` entries: the
+    gather buffer of the largest unit of buckets (buckets linked by a tensor that straddles them; TP
+    copies of replicated tensors) plus the output buffer of the largest bucket (an upper bound: the
+    HF tensors that are views of the gather buffer take none)."""
+    from verl_bridge.resharding.export import assign_buckets
+
+    def gathered(i):
+        name, full, _ = entries[i]
+        return full * (tp if tp > 1 and name.endswith(_REPLICATED) else 1)
+
+    g = o = 0
+    unit: set = set()
+    last = -1
+    for b in assign_buckets([(full, pieces) for _, full, pieces in entries], bucket):
+        if b[0][0] != last:
+            g, unit = max(g, sum(gathered(i) for i in unit)), set()
+        unit |= {i for i, _ in b}
+        last = b[-1][0]
+        o = max(o, sum(entries[i][2][j] for i, j in b))
+    return max(g, sum(gathered(i) for i in unit)) + o
 
 
 def measure_copy_bandwidth(mib: int = 64, repeats: int = 5) -> tuple[float, str]:
@@ -75,8 +105,9 @@ def measure_copy_bandwidth(mib: int = 64, repeats: int = 5) -> tuple[float, str]
 
 
 def plan_refit(shape: ModelShape, precision: str, bucket_mb: float, bandwidth_gbps: Optional[float] = None,
-               measure: bool = False, tp: int = 1) -> RefitPlan:
-    """``tp``: the training TP size (the vocabulary padding of the gathered embedding depends on it)."""
+               measure: bool = False, tp: int = 1, pp: int = 1) -> RefitPlan:
+    """``tp``: the training TP size (the vocabulary padding of the gathered embedding depends on it);
+    ``tp`` and ``pp`` decide the exporter's path (fast at TP=1 / PP=1, coalesced otherwise)."""
     nbytes = DTYPE_BYTES.get(precision, 4)
     entries = [(name, full * nbytes, [p * nbytes for p in pieces]) for name, full, pieces in stream_entries(shape, tp)]
     total = sum(sum(pieces) for _, _, pieces in entries)
@@ -91,8 +122,10 @@ def plan_refit(shape: ModelShape, precision: str, bucket_mb: float, bandwidth_gb
     return RefitPlan(
         bytes_per_sync=total, tensors=sum(len(pieces) for _, _, pieces in entries), bucket_bytes=bucket,
         buckets=count_buckets(entries, bucket), largest_tensor=largest_name, largest_tensor_bytes=largest,
-        peak_extra_bytes=max(min(bucket, total), largest) + largest,  # a bucket never holds more than the model
+        peak_extra_bytes=(max(min(bucket, total), largest) + largest  # a bucket never holds more than the model
+                          if tp == 1 and pp == 1 else coalesced_peak_bytes(entries, bucket, tp)),
         bandwidth_bytes_per_s=bw, bandwidth_source=source, seconds=(total / bw) if bw else None,
+        export_path="fast" if tp == 1 and pp == 1 else "coalesced",
     )
 
 
@@ -100,8 +133,9 @@ def refit_lines(plan: RefitPlan, precision: str) -> list[str]:
     lines = [
         f"refit           {fmt_gib(plan.bytes_per_sync)} per sync ({plan.tensors} HF tensors in {precision}); "
         f"{plan.buckets} bucket(s) of {plan.bucket_bytes / MiB:g} MiB (rollout.bucket_mb)",
-        f"                peak extra memory/rank {fmt_gib(plan.peak_extra_bytes)} = max(bucket, F) + F, F the "
-        f"largest gathered tensor ({plan.largest_tensor}, {fmt_gib(plan.largest_tensor_bytes)})",
+        f"                peak extra memory/rank {fmt_gib(plan.peak_extra_bytes)} = "
+        + ("max(bucket, F) + F" if plan.export_path == "fast" else "a gather + an output buffer, ~max(bucket, F) each")
+        + f", F the largest gathered tensor ({plan.largest_tensor}, {fmt_gib(plan.largest_tensor_bytes)})",
     ]
     if plan.seconds is not None:
         t = f"{plan.seconds:.3f} s" if plan.seconds >= 0.1 else f"{plan.seconds * 1e3:.3f} ms"

@@ -34,6 +34,20 @@ fresh buffer split into those tensors. The buckets, their order and their conten
 as on the general path, and the exporter keeps views of the parameters between syncs (call
 :meth:`WeightExporter.reset` after moving the model).
 
+Coalesced general path (``coalesce=True``, the default; TP>1, PP>1 or ``fast_path=False``). The same
+stream as the per-tensor general path, bit for bit, from a plan built once per layout (see
+:class:`_CoalescedPlan`): the buckets are those of :func:`assign_buckets`; a unit of buckets (one
+bucket, or the buckets a tensor larger than the cap spans) is gathered at once. Per unit and dtype,
+this rank's shards are packed by one batched copy into its section of a preallocated gather buffer,
+each pipeline stage that owns part of the unit broadcasts its part of that section over the PP group
+(one broadcast per owning stage), and one in-place all-gather over the TP group fills the other ranks'
+sections. The HF tensors are views of the gather buffer where the layout allows (TP=1, replicated
+tensors, a column-parallel tensor alone in its unit) and otherwise land, by one batched copy per
+bucket, in a preallocated output buffer (the TP merge, per rank, and the q/k/v split in one copy).
+Memory: the two buffers, each about ``max(bucket_bytes, F)`` (the gather buffer also holds the
+vocabulary padding and TP copies of replicated tensors), kept between syncs until :meth:`reset`.
+``coalesce=False`` keeps the per-tensor path (one broadcast and one all-gather per parameter).
+
 Yielded tensors may alias the model's parameters (zero copy) and must be treated as read-only;
 clone them to keep them past the next training step. A yielded bucket list is emptied when the
 consumer asks for the next one (so that a ``for bucket in ...`` loop does not keep two buckets
@@ -46,14 +60,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Optional, Union
 
 import torch
 import torch.distributed as dist
 
 from verl_bridge.arch.convert import (
+    VOCAB_PARAMS,
     ModelDims,
+    _gated,
     dims_of,
     hf_sources,
     mcore_names,
@@ -275,6 +291,178 @@ def _as_view(part: torch.Tensor, shape) -> Optional[torch.Tensor]:
     return v if v.is_contiguous() else None
 
 
+
+# ---- the general path, coalesced (TP > 1 / PP > 1) ------------------------------------------
+
+def _gather_into(out: torch.Tensor, inp: torch.Tensor, group) -> None:
+    """All-gather ``inp`` (this rank's section of ``out``, in place) into ``out``."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(out, inp, group=group)
+
+
+@dataclass
+class _Unit:
+    """One communication unit: the buckets that share a gather buffer (a parameter larger than a
+    bucket spans several). Per dtype: one packing copy, a broadcast per owning stage, one all-gather."""
+    pack: list  # (dsts, srcs) per source dtype: this rank's shards into its own section
+    bcasts: list  # (section view, global source rank)
+    gathers: list  # (buffer view [tp * L], own section view [L])
+    buckets: list  # _PlannedBucket-like: (items, copies, recompute, nbytes)
+
+
+class _CoalescedPlan:
+    """The general path as a plan built once: per unit of buckets and per dtype, the shards are
+    packed into one preallocated buffer (this rank's section), each owning pipeline stage broadcasts
+    its part of it over the PP group, one in-place all-gather over the TP group fills the other
+    sections, and the HF tensors are views of that buffer where the layout allows (TP=1 or a
+    replicated tensor: everything but multi-group q/k/v) or batched copies into a second
+    preallocated buffer (the merge of TP shards, per rank)."""
+
+    def __init__(self, ex: "WeightExporter", local: dict, meta: dict, ps, device):
+        tp, tp_rank, _, pp, pp_rank, _, pp_ranks = ps
+        self.tp = tp
+        dims_r = replace(ex.dims, num_attention_heads=ex.dims.num_attention_heads // tp,
+                         num_query_groups=ex.dims.num_query_groups // tp, vocab_size=None)
+        info, entries = [], []
+        for name in ex.order:
+            owner, shape, dt0 = meta[name]
+            dt = ex.dtype or dt0
+            split = tp_split_dim(name) if tp > 1 else None
+            full = list(shape)
+            if split is not None:
+                full[split] *= tp
+            probe = torch.empty(full, dtype=dt, device="meta")
+            pieces = [(n, s) for n, _, s in mcore_to_hf_parts(name, probe, ex.spec, ex.dims, extras=ex.hf_extras)]
+            info.append((name, owner, tuple(shape), dt, split, tuple(full), pieces))
+            entries.append((math.prod(full) * dt.itemsize, [math.prod(s) * dt.itemsize for _, s in pieces]))
+        buckets = assign_buckets(entries, ex.bucket_bytes)
+        # units: runs of buckets linked by a parameter whose pieces straddle them
+        units: list[list[list]] = []
+        last_param = -1
+        for b in buckets:
+            if units and b[0][0] == last_param:
+                units[-1].append(b)
+            else:
+                units.append([b])
+            last_param = b[-1][0]
+        # layouts: per unit and dtype, parameters ordered by owning stage, then stream order
+        layouts, g_numel = [], {}
+        for ub in units:
+            params = sorted({i for b in ub for i, _ in b}, key=lambda i: (info[i][1], i))
+            lay: dict = {}  # dtype -> [section length, [(parameter index, offset)]]
+            for i in params:
+                slot = lay.setdefault(info[i][3], [0, []])
+                slot[1].append((i, slot[0]))
+                slot[0] += math.prod(info[i][2])
+            for dt, (length, _) in lay.items():
+                g_numel[dt] = max(g_numel.get(dt, 0), tp * length)
+            layouts.append(lay)
+        self.gbuf = {dt: torch.empty(n, dtype=dt, device=device) for dt, n in g_numel.items()}
+        # first pass: every HF piece as a view of the gather buffer, or copies into the out buffer
+        o_numel: dict = {}
+        pending_units = []
+        for ub, lay in zip(units, layouts):
+            where = {}
+            pack: dict = {}
+            bcasts, gathers = [], []
+            for dt, (length, placed) in lay.items():
+                g2 = self.gbuf[dt][: tp * length].view(tp, length)
+                own = g2[tp_rank]
+                if tp > 1:
+                    gathers.append((g2.view(-1), own))
+                runs: list = []  # (owner, start, end)
+                for i, off in placed:
+                    name, owner, shape, _, _, _, _ = info[i]
+                    n = math.prod(shape)
+                    where[i] = (g2, off, n)
+                    if owner == pp_rank:
+                        d, s = pack.setdefault(local[name].dtype, ([], []))
+                        d.append(own[off:off + n].view(shape))
+                        s.append(local[name])
+                    if runs and runs[-1][0] == owner:
+                        runs[-1][2] = off + n
+                    else:
+                        runs.append([owner, off, off + n])
+                if pp > 1:
+                    bcasts += [(own[a:b], pp_ranks[o]) for o, a, b in runs]
+            planned = []
+            for b in ub:
+                items, copies, recompute, nbytes, o_used = [], [], [], 0, {}
+                for i, j in b:
+                    name, owner, shape, dt, split, full, pieces = info[i]
+                    hf_name, hf_shape = pieces[j]
+                    nbytes += entries[i][1][j]
+                    g2, off, n = where[i]
+                    sh = g2[:, off:off + n].view((tp,) + shape)  # every rank's shard
+                    fullv = None
+                    if split is None:
+                        fullv = sh[tp_rank]
+                    elif split == 0 and not _gated(name, ex.dims):
+                        try:  # the shards lie end to end (the parameter is alone in its section)
+                            fullv = sh.view(full)
+                        except RuntimeError:
+                            fullv = None
+                    if fullv is not None:
+                        _, part, _ = mcore_to_hf_parts(name, fullv, ex.spec, ex.dims, extras=ex.hf_extras)[j]
+                        if part.untyped_storage().data_ptr() != g2.untyped_storage().data_ptr():
+                            items.append((hf_name, None))  # made per sync (OPT's position rows)
+                            recompute.append((len(items) - 1, name, j, fullv))
+                            continue
+                        view = _as_view(part, hf_shape)
+                        if view is not None:
+                            items.append((hf_name, view))
+                            continue
+                        srcs = [part]
+                        layout = "whole"
+                    elif split == 1:  # row-parallel: the full tensor is the shards side by side
+                        srcs = [sh.transpose(0, 1)]
+                        layout = "cols"
+                    else:  # column-parallel: the HF tensor is each rank's piece, rank after rank
+                        vocab = name in VOCAB_PARAMS and ex.dims.vocab_size is not None
+                        srcs = [mcore_to_hf_parts(name, sh[r], ex.spec, dims_r)[j][1] for r in range(tp)]
+                        layout = ("vocab", shape[0]) if vocab else "rows"
+                    start = o_used.get(dt, 0)
+                    o_used[dt] = start + math.prod(hf_shape)
+                    items.append((hf_name, None))
+                    copies.append((len(items) - 1, dt, start, hf_shape, layout, srcs))
+                for dt, used in o_used.items():
+                    o_numel[dt] = max(o_numel.get(dt, 0), used)
+                planned.append((items, copies, recompute, nbytes))
+            pending_units.append((pack, bcasts, gathers, planned))
+        self.obuf = {dt: torch.empty(n, dtype=dt, device=device) for dt, n in o_numel.items()}
+        self.peak_extra_bytes = sum(_nbytes(t) for t in (*self.gbuf.values(), *self.obuf.values()))
+        # second pass: destination views in the out buffer, batched per (dtype pair)
+        self.units: list[_Unit] = []
+        for pack, bcasts, gathers, planned in pending_units:
+            bks = []
+            for items, copies, recompute, nbytes in planned:
+                items = list(items)
+                groups: dict = {}
+                for k, dt, start, hf_shape, layout, srcs in copies:
+                    dst = self.obuf[dt][start:start + math.prod(hf_shape)].view(hf_shape)
+                    items[k] = (items[k][0], dst)
+                    if layout == "whole":
+                        pairs = [(dst.view(srcs[0].shape), srcs[0])]
+                    elif layout == "cols":
+                        pairs = [(dst.view(hf_shape[0], tp, -1), srcs[0])]
+                    elif layout == "rows":
+                        per = dst.view(tp, -1)
+                        pairs = [(per[r].view(srcs[r].shape), srcs[r]) for r in range(tp)]
+                    else:  # vocabulary rows: rank r holds rows [r * a, (r + 1) * a), the padding dropped
+                        a = layout[1]
+                        pairs = []
+                        for r in range(tp):
+                            rows = max(0, min(a, hf_shape[0] - r * a))
+                            if rows:
+                                pairs.append((dst[r * a:r * a + rows], srcs[r][:rows]))
+                    for d, s in pairs:
+                        gd, gs = groups.setdefault(dt, ([], []))
+                        gd.append(d)
+                        gs.append(s)
+                bks.append(_PlannedBucket(items, list(groups.values()), recompute, nbytes))
+            self.units.append(_Unit([tuple(v) for v in pack.values()], bcasts, gathers, bks))
+
+
 class WeightExporter:
     """Full, HF-named tensors of a (TP/PP/VPP-sharded) megatron-core GPTModel, streamed in buckets.
 
@@ -289,12 +477,20 @@ class WeightExporter:
     ``hf_extras``: HF data megatron has no place for (OPT's leading position rows).
     ``fast_path``: at TP=1 and PP=1, stream a plan of views built once (see the module docstring);
     ``False`` forces the general path (same stream, per-tensor work every sync).
+    ``coalesce``: the general path of :meth:`iter_buckets` (TP>1 or PP>1, or ``fast_path=False``)
+    runs a plan built once: per bucket one packing copy, one broadcast per owning pipeline stage,
+    one in-place all-gather over TP, HF tensors as views of the received buffer where the layout
+    allows and one batched copy for the rest (see :class:`_CoalescedPlan`). Its two buffers
+    (about ``2 * max(bucket_bytes, F)``) are kept between syncs until :meth:`reset`. ``False``:
+    the per-tensor general path (one broadcast / all-gather per parameter, nothing kept).
+    :meth:`iter_tensors` always streams one parameter at a time.
     """
 
     def __init__(self, model_chunks, *, arch: Union[str, ArchSpec, None] = None, bucket_bytes: int = 256 << 20,
                  dtype: Optional[torch.dtype] = None, vocab_size: Optional[int] = None, checksum: bool = False,
-                 hf_extras: Optional[dict] = None, fast_path: bool = True):
+                 hf_extras: Optional[dict] = None, fast_path: bool = True, coalesce: bool = True):
         self.fast_path = fast_path
+        self.coalesce = coalesce
         chunks = model_chunks if isinstance(model_chunks, (list, tuple)) else [model_chunks]
         if not chunks:
             raise ValueError("WeightExporter needs at least one model chunk")
@@ -320,6 +516,8 @@ class WeightExporter:
         self._meta: Optional[dict] = None  # global name -> (owner pp rank, shard shape, dtype)
         self._plan: Optional[_Plan] = None  # the TP=1 / PP=1 fast path (see the module docstring)
         self._plan_key = None
+        self._cplan: Optional[_CoalescedPlan] = None  # the coalesced general path
+        self._cplan_key = None
         self._local_key = None
         self._params: Optional[list] = None
 
@@ -449,6 +647,9 @@ class WeightExporter:
         if bucketed and self.fast_path and ps[0] == 1 and ps[3] == 1 and isinstance(self._local_key, tuple):
             yield from self._stream_planned(local, start)
             return
+        if bucketed and self.coalesce:
+            yield from self._stream_coalesced(local, meta, ps, start)
+            return
         ledger = _Ledger(model_ptrs)
         pending = _Held(model_ptrs)
         stats = ExportStats()
@@ -543,6 +744,44 @@ class WeightExporter:
             items.clear()  # as on the general path: the consumer's reference to the list holds nothing
         stats.seconds = time.perf_counter() - start - paused
 
+    def _stream_coalesced(self, local, meta, ps, start: float) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        tp_size, tp_rank, tp_group, pp_size, pp_rank, pp_group, _ = ps
+        key = (self._local_key, tp_size, tp_rank, pp_size, pp_rank, self.bucket_bytes, self.dtype)
+        if self._cplan is None or self._cplan_key != key or not isinstance(self._local_key, tuple):
+            self._cplan = None  # free the old buffers before the new ones are allocated
+            self._cplan, self._cplan_key = _CoalescedPlan(self, local, meta, ps, self._device), key
+        plan = self._cplan
+        stats = ExportStats(peak_extra_bytes=plan.peak_extra_bytes)
+        self.stats = stats
+        if self.checksum:
+            from verl_bridge.rollout.verify import tensor_checksums
+            self.checksums = {}
+        paused = 0.0
+        for u in plan.units:
+            for dsts, srcs in u.pack:  # this rank's shards into its section, one batched copy per dtype
+                torch._foreach_copy_(dsts, srcs)
+            for view, src in u.bcasts:  # one broadcast per owning stage
+                dist.broadcast(view, src=src, group=pp_group)
+            for out, own in u.gathers:  # one all-gather of the whole section per dtype
+                _gather_into(out, own, tp_group)
+            for b in u.buckets:
+                items = list(b.items)
+                for dsts, srcs in b.staged:
+                    torch._foreach_copy_(dsts, srcs)
+                for k, name, j, full in b.recompute:  # a piece with no slice of the buffer (OPT's rows)
+                    items[k] = (items[k][0], mcore_to_hf(name, full, self.spec, self.dims, extras=self.hf_extras)[j][1])
+                stats.buckets += 1
+                stats.tensors += len(items)
+                stats.bytes += b.nbytes
+                if self.checksum:
+                    self.checksums.update(tensor_checksums(items))
+                stats.seconds = time.perf_counter() - start - paused
+                t0 = time.perf_counter()
+                yield items
+                paused += time.perf_counter() - t0
+                items.clear()
+        stats.seconds = time.perf_counter() - start - paused
+
     def iter_buckets(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Lists of ``(hf_name, tensor)`` whose bytes stay within ``bucket_bytes`` (a larger tensor alone)."""
         return self._stream(bucketed=True)
@@ -556,6 +795,7 @@ class WeightExporter:
         """Forget the cached parameter views and plan (they keep the parameters' storage alive):
         call it after moving the model, e.g. offloading it, if the exporter outlives that storage."""
         self._plan = self._plan_key = self._local_key = self._params = None
+        self._cplan = self._cplan_key = None
         self.__dict__.pop("_local_cache", None)
 
     def largest_tensor_bytes(self) -> int:

@@ -23,12 +23,15 @@ from verl_bridge.runtime.batch import Experience
 from verl_bridge.runtime.forward import eval_mode, forward_micro_batches, response_logits, response_values
 from verl_bridge.runtime.logprobs import token_entropy, token_log_probs, unpadded_vocab_size
 from verl_bridge.runtime.state import TrainerState
+from verl_bridge.runtime.update import max_tokens_per_micro_batch
 
 
 def compute_log_probs(model, exp: Experience, *, pp_size: int, temperature: float, micro_batch_size: int,
-                      with_entropy: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                      with_entropy: bool = False, max_tokens: Optional[int] = None
+                      ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Per-token log-probs ``[B, R]`` of ``exp``'s responses under ``model`` (and the entropy when asked),
-    in eval mode, over the model's unpadded vocabulary."""
+    in eval mode, over the model's unpadded vocabulary. ``max_tokens``: packed micro-batches of that
+    many real tokens (dynamic batching) instead of ``micro_batch_size`` samples."""
     vocab = unpadded_vocab_size(model)
 
     def loss_fn(mb, output):
@@ -40,20 +43,21 @@ def compute_log_probs(model, exp: Experience, *, pp_size: int, temperature: floa
         return torch.zeros(()), out
 
     with torch.no_grad(), eval_mode(model):
-        res = forward_micro_batches(model, exp.micro_batches(micro_batch_size), loss_fn, pp_size=pp_size,
+        res = forward_micro_batches(model, exp.split(micro_batch_size, max_tokens), loss_fn, pp_size=pp_size,
                                     forward_only=True)
     lp = torch.cat([r["log_probs"] for r in res])
     ent = torch.cat([r["entropy"] for r in res]) if with_entropy else None
     return lp, ent
 
 
-def compute_values(critic, exp: Experience, *, pp_size: int, micro_batch_size: int) -> torch.Tensor:
+def compute_values(critic, exp: Experience, *, pp_size: int, micro_batch_size: int,
+                   max_tokens: Optional[int] = None) -> torch.Tensor:
     """The critic's values ``[B, R]`` over ``exp``'s responses (eval mode)."""
     def loss_fn(mb, output):
         return torch.zeros(()), {"values": response_values(output, mb).detach()}
 
     with torch.no_grad(), eval_mode(critic):
-        res = forward_micro_batches(critic, exp.micro_batches(micro_batch_size), loss_fn, pp_size=pp_size,
+        res = forward_micro_batches(critic, exp.split(micro_batch_size, max_tokens), loss_fn, pp_size=pp_size,
                                     forward_only=True)
     return torch.cat([r["values"] for r in res])
 
@@ -62,22 +66,23 @@ def make_experience(exp: Experience, state: TrainerState, spec: AlgorithmSpec) -
     """Fill ``exp.tensors`` (old_log_probs, values, ref_log_probs, advantages, returns); return metrics."""
     cfg, a, roles = state.config, state.config.algorithm, state.roles
     pp, t, mbs = state.layout.pp_size, cfg.rollout.temperature, a.micro_batch_size
+    tok = max_tokens_per_micro_batch(cfg)
     mask = exp.response_mask
     old_lp, entropy = compute_log_probs(roles.actor, exp, pp_size=pp, temperature=t, micro_batch_size=mbs,
-                                        with_entropy=True)
+                                        with_entropy=True, max_tokens=tok)
     exp.tensors["old_log_probs"] = old_lp
     stats: dict[str, float] = {"entropy": float(A.masked_mean(entropy, mask))}
     if "rollout_log_probs" in exp.tensors:  # how far the engine that sampled is from the trainer
         stats.update(rollout_mismatch(exp.tensors["rollout_log_probs"], old_lp, mask))
     if roles.critic is not None:
-        exp.tensors["values"] = compute_values(roles.critic, exp, pp_size=pp, micro_batch_size=mbs)
+        exp.tensors["values"] = compute_values(roles.critic, exp, pp_size=pp, micro_batch_size=mbs, max_tokens=tok)
     coef = state.kl_ctl.value
     if roles.reference is not None:
         ref = roles.reference
         offload = cfg.model.reference is not None and cfg.model.reference.args.offload
         if offload:
             ref.to(state.layout.device)
-        ref_lp, _ = compute_log_probs(ref, exp, pp_size=pp, temperature=t, micro_batch_size=mbs)
+        ref_lp, _ = compute_log_probs(ref, exp, pp_size=pp, temperature=t, micro_batch_size=mbs, max_tokens=tok)
         if offload:
             ref.to("cpu")
         exp.tensors["ref_log_probs"] = ref_lp

@@ -16,7 +16,7 @@ from functools import partial
 
 import torch
 
-from verl_bridge.runtime.batch import Experience, model_inputs, response_slice
+from verl_bridge.runtime.batch import Experience, model_inputs, response_outputs
 from verl_bridge.runtime.logprobs import mask_padded_vocab
 from verl_bridge.runtime.routing_replay import ROUTED_KEY, replaying
 from verl_bridge.runtime.schedule import cpu_forward_backward_no_pipelining, get_forward_backward_func
@@ -29,10 +29,20 @@ def forward_micro_batches(model, batches: list[Experience], loss_fn, *, pp_size:
     vp = len(chunks) if len(chunks) > 1 else None
     fb = cpu_forward_backward_no_pipelining if outside else get_forward_backward_func(pp_size, vp)
 
+    packed = batches[0].packed is not None
+    if packed:  # a pipeline passes activations of one shape between stages: pad every micro-batch to it
+        same = pp_size > 1 or len(chunks) > 1
+        longest = max(b.packed.length for b in batches)
+        most_rows = max(b.packed.rows for b in batches)
     pad = 0 if outside else _sequence_parallel_padding(chunks[0], batches[0].input_ids.shape[1])
 
     def forward_step(data_iterator, module):
         mb = next(data_iterator)
+        if mb.packed is not None:
+            n = longest if same else mb.packed.length
+            ids, pos, mask = mb.packed.inputs(n + (0 if outside else _sequence_parallel_padding(chunks[0], n)),
+                                              most_rows if same else None)
+            return module(ids, pos, mask), partial(loss_fn, mb)
         ids, am = mb.input_ids, mb.attention_mask
         if pad:  # masked positions after the sequence: outputs never read, earlier positions unchanged
             ids = torch.nn.functional.pad(ids, (0, pad), value=0)
@@ -43,10 +53,13 @@ def forward_micro_batches(model, batches: list[Experience], loss_fn, *, pp_size:
         return out, partial(loss_fn, mb)
 
     seq = batches[0].input_ids.shape[1] + pad
+    if packed:
+        seq = longest + (0 if outside else _sequence_parallel_padding(chunks[0], longest))
     # a virtual pipeline: every chunk reads the micro-batches through its own iterator
     data = [iter(batches) for _ in chunks] if len(chunks) > 1 else iter(batches)
     res = fb(forward_step_func=forward_step, data_iterator=data, model=chunks,
-             num_microbatches=len(batches), seq_length=seq, micro_batch_size=batches[0].size,
+             num_microbatches=len(batches), seq_length=seq,
+             micro_batch_size=most_rows if packed else batches[0].size,
              forward_only=forward_only)
     if pp_size > 1 and not outside:
         res = broadcast_from_last_stage(res)
@@ -81,7 +94,7 @@ def broadcast_from_last_stage(obj):
 def response_logits(output: torch.Tensor, mb: Experience, temperature: float, vocab_size=None) -> torch.Tensor:
     """fp32 logits over ``mb``'s response tokens, divided by the sampling temperature (when not 0 or 1),
     megatron's vocabulary padding (ids >= ``vocab_size``) masked out as the samplers do."""
-    logits = response_slice(output, mb.prompt_len, mb.response_ids.shape[1])
+    logits = response_outputs(output, mb)
     t = temperature
     logits = logits.float() / t if t and t != 1.0 else logits.float()
     return mask_padded_vocab(logits, vocab_size)
@@ -104,4 +117,4 @@ class eval_mode:
 
 def response_values(output: torch.Tensor, mb: Experience) -> torch.Tensor:
     """A value model's fp32 outputs over ``mb``'s response tokens, ``[B, R]``."""
-    return response_slice(output, mb.prompt_len, mb.response_ids.shape[1]).squeeze(-1).float()
+    return response_outputs(output, mb).squeeze(-1).float()

@@ -3,7 +3,9 @@
 Each epoch shuffles this rank's samples (``torch.Generator`` seeded with ``trainer.seed + step``);
 a mini-batch is ``algorithm.mini_batch_size / dp`` samples on each rank, split into micro-batches
 of ``algorithm.micro_batch_size`` that megatron's schedule accumulates before one optimizer step
-(gradient clipping inside the optimizer). Losses:
+(gradient clipping inside the optimizer); with ``trainer.args.use_dynamic_bsz`` the micro-batches
+hold up to ``trainer.args.max_tokens_per_micro_batch`` real tokens each, packed without padding
+(:meth:`~verl_bridge.runtime.batch.Experience.token_micro_batches`), their count per rank varying. Losses:
 
 * actor: the algorithm's policy loss (:data:`verl_bridge.algorithms.POLICY_LOSSES`; each token's
   term weighted by ``min(exp(old - rollout log-prob), cap)`` with ``algorithm.rollout_correction:
@@ -90,6 +92,12 @@ def critic_loss(mb: Experience, output: torch.Tensor, *, config, global_batch=No
     return loss, {"critic_loss": float(loss.detach()), **st}
 
 
+def max_tokens_per_micro_batch(config):
+    """The token budget of a micro-batch when dynamic batching is on (``trainer.args.use_dynamic_bsz``), else None."""
+    ta = config.trainer.args
+    return ta.max_tokens_per_micro_batch if ta.use_dynamic_bsz else None
+
+
 def global_batch(mask: torch.Tensor, dp_size: int, dp_group=None) -> A.GlobalBatch:
     """This mini-batch's token and sequence counts summed over the DP group (``dp_group``; None:
     the current one)."""
@@ -133,7 +141,7 @@ def update_model(model, optimizer, exp: Experience, loss_fn, *, config, dp_size:
         order = torch.randperm(exp.size, generator=gen)
         for start in range(0, exp.size, mini):
             part = exp.select(order[start:start + mini].to(exp.input_ids.device))
-            micro = part.micro_batches(a.micro_batch_size)
+            micro = part.split(a.micro_batch_size, max_tokens_per_micro_batch(config))
             share = partial(loss_fn, global_batch=global_batch(part.response_mask, dp_size, dp_group),
                             loss_scale=float(len(micro) * dp_size), vocab_size=vocab)
             optimizer.zero_grad()
