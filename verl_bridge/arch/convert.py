@@ -276,7 +276,8 @@ def tp_split_dim(name: str) -> Optional[int]:
     return None
 
 
-def _gated(name: str, config) -> bool:
+def is_gated_fc1(name: str, config) -> bool:
+    """Whether ``name`` is a gated MLP's fc1 (stored as ``[gate; up]``, split per half over TP)."""
     if not name.endswith(("linear_fc1.weight", "linear_fc1.bias")):
         return False
     if config is None:
@@ -295,7 +296,7 @@ def shard_for_tp(name: str, full_tensor: torch.Tensor, tp_size: int, tp_rank: in
         return full_tensor
     if full_tensor.shape[dim] % tp_size:
         raise ValueError(f"{name}: dimension {dim} of size {full_tensor.shape[dim]} does not divide by TP={tp_size}")
-    if _gated(name, config):
+    if is_gated_fc1(name, config):
         gate, up = split_gate_up(full_tensor)
         return torch.cat([gate.chunk(tp_size, 0)[tp_rank], up.chunk(tp_size, 0)[tp_rank]], 0).contiguous()
     return full_tensor.chunk(tp_size, dim)[tp_rank].contiguous()
@@ -308,7 +309,7 @@ def merge_tp(name: str, shards: list[torch.Tensor], config=None) -> torch.Tensor
     dim = tp_split_dim(name)
     if dim is None:
         return shards[0]
-    if _gated(name, config):
+    if is_gated_fc1(name, config):
         halves = [split_gate_up(s) for s in shards]
         return torch.cat([h[0] for h in halves] + [h[1] for h in halves], 0).contiguous()
     return torch.cat(shards, dim).contiguous()

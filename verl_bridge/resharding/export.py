@@ -69,7 +69,7 @@ import torch.distributed as dist
 from verl_bridge.arch.convert import (
     VOCAB_PARAMS,
     ModelDims,
-    _gated,
+    is_gated_fc1,
     dims_of,
     hf_sources,
     mcore_names,
@@ -397,7 +397,7 @@ class _CoalescedPlan:
                     fullv = None
                     if split is None:
                         fullv = sh[tp_rank]
-                    elif split == 0 and not _gated(name, ex.dims):
+                    elif split == 0 and not is_gated_fc1(name, ex.dims):
                         try:  # the shards lie end to end (the parameter is alone in its section)
                             fullv = sh.view(full)
                         except RuntimeError:
