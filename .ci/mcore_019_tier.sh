@@ -37,6 +37,9 @@ EXTRA_TESTS=(
   tests/runtime/test_learning.py::test_quickstart_ppo_learns  # the quickstart learning at TP=1
   tests/runtime/test_learning_tp2.py                          # ... and at TP=2 over gloo
   tests/layout/test_pp_equivalence.py                         # TP=2 x PP=2 x SP update == TP=1 x PP=1
+  tests/layout/test_seed_run.py                               # the seed template's run: TP=2 x PP=2 x SP, HF critic, 2 rollout workers
+  tests/runtime/test_moe.py                                   # MoE: EP=2 update == EP=1, routing replay, refusals
+  tests/runtime/test_packing.py                               # dynamic batching: packed == padded (TP=1; TP=2 x SP x PP=2)
 )
 # -----------------------------------------------------------------------------------------------
 
