@@ -66,7 +66,7 @@ def test_seed_layout_parameters_kv_cache_and_optimizer_state():
     assert math.isclose(first.peak, static0 + max(KV, 12 * per_layer * 2))
     assert plan.warnings == [] and first.peak < 80 * GiB
     # the distributed optimizer divides the optimizer state by DP (here 8 GPUs -> DP 2)
-    cfg8 = load_config(TEMPLATE, ["trainer.args.dp_size=2"], world_size=8, check_paths=False)
+    cfg8 = load_config(TEMPLATE, ["trainer.args.dp_size=2", "data.num_rollout_workers=4"], world_size=8, check_paths=False)
     r8 = plan_memory(cfg8, 8, shape, source).ranks[0]
     assert r8.roles["actor"]["optimizer"] == STAGE0 * 12 / 2
     assert r8.kv_cache == KV // 2  # 32 samples over 2 DP ranks

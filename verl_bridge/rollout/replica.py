@@ -156,31 +156,49 @@ class ReplicaEngine:
         return merge_batches([s for s in shares if s is not None], params.pad_token_id)
 
 
+def actor_world_size(layout) -> int:
+    """N: the actor's ranks (TP x PP x DP; a separate reward group's ranks are not rollout workers)."""
+    dp = getattr(layout, "dp_size", None)
+    return layout.tp_size * layout.pp_size * dp if dp else layout.world_size
+
+
 def num_rollout_workers(layout) -> int:
     """Generation replicas of a training layout: N / t with rollout TP t = training TP."""
-    return layout.world_size // layout.tp_size
+    from verl_bridge.config.derived import rollout_workers
+
+    return rollout_workers(actor_world_size(layout), layout.tp_size)
+
+
+def check_rollout_workers(asked, world_size: int, rollout_tp: int, key: str = "trainer.args.tp_size") -> int:
+    """``data.num_rollout_workers`` against N / t (None: derived); returns N / t or raises ValueError."""
+    from verl_bridge.config.derived import rollout_workers, rollout_workers_problem
+
+    problem = rollout_workers_problem(asked, world_size, rollout_tp, key=key)
+    if problem:
+        raise ValueError(problem)
+    return rollout_workers(world_size, rollout_tp)
+
+
+def log_rollout_workers(world_size: int, rollout_tp: int) -> None:
+    """``[INFO] Rollout worker 0 started on ranks 0 & 1 (TP group)``, one line per worker (rank 0 calls it)."""
+    from verl_bridge.config.derived import rollout_worker_lines
+    from verl_bridge.runtime.metrics import info
+
+    for line in rollout_worker_lines(world_size, rollout_tp):
+        info(line)
 
 
 def start_replicas(bridge, actor: torch.nn.Module, layout, cfg, is_logger: bool) -> ReplicaEngine:
     """Build this rank's generation replica and its engine; log the rollout workers the article's way.
 
-    ``data.num_rollout_workers`` must equal N / t (``1``, the default, is taken as "derive it")."""
+    ``data.num_rollout_workers`` must equal N / t, or be absent (derived)."""
     from verl_bridge.runtime.metrics import info
 
-    n = num_rollout_workers(layout)
-    asked = cfg.data.num_rollout_workers
-    if asked not in (1, n):
-        raise ValueError(f"data.num_rollout_workers={asked}, but TP={layout.tp_size} x PP={layout.pp_size} on "
-                         f"{layout.world_size} ranks gives {n} generation replicas (one per TP group of "
-                         f"{layout.tp_size} consecutive ranks); set it to {n} or leave it out")
+    n = check_rollout_workers(cfg.data.num_rollout_workers, actor_world_size(layout), layout.tp_size)
     replica = build_generation_replica(bridge.actor_builder(whole_model=True))
     engine = ReplicaEngine(actor, replica, layout.device, compile=cfg.rollout.compile_decode, decode=cfg.rollout.decode)
     if is_logger:
-        t = layout.tp_size
-        for r in range(n):
-            ranks = list(range(r * t, (r + 1) * t))
-            where = " & ".join(str(x) for x in ranks)
-            info(f"Rollout worker {r} started on ranks {where} ({'TP group' if t > 1 else 'one rank'})")
-        info(f"rollout: native engine on {n} generation replicas (whole model at TP={t}, refilled from the "
-             f"pipeline every step), {engine.path} decode path")
+        log_rollout_workers(actor_world_size(layout), layout.tp_size)
+        info(f"rollout: native engine on {n} generation replicas (whole model at TP={layout.tp_size}, refilled from "
+             f"the pipeline every step), {engine.path} decode path")
     return engine
