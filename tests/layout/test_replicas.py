@@ -27,27 +27,61 @@ def _replica_worker(rank, world_size):
     bridge = MegatronBridge.from_config(cfg)
     layout = bridge.initialize()
     actor = bridge.actor_builder()()
-    engine = start_replicas(bridge, actor, layout, cfg, is_logger=False)
-    # change the training weights (an optimizer step would), then refill
+    engine = start_replicas(bridge, actor, layout, cfg, is_logger=False)  # default: megatron's swap on >= 0.16
+    fallback = start_replicas(bridge, actor, layout, cfg, is_logger=False, refill="exporter")
+    # change the training weights (an optimizer step would), then refill; the same generator on every rank
+    # keeps the TP-replicated weights (norms, row-parallel biases) equal across TP ranks, as training does
+    g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for p in actor.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
+            p.add_(torch.randn(p.shape, generator=g) * 0.1)
     engine.sync_weights()
+    fallback.sync_weights()
     stages: list = [None] * layout.pp_size
     dist.all_gather_object(stages, _local_weights(actor), group=mpu.get_pipeline_model_parallel_group())
     training = {k: v for s in stages for k, v in s.items()}
     replica = {k: v for k, v in engine.replica.state_dict().items() if not k.endswith("_extra_state")}
+    other = {k: v for k, v in fallback.replica.state_dict().items() if not k.endswith("_extra_state")}
     layers = sorted({k.split(".")[2] for k in replica if k.startswith("decoder.layers.")})
     same = all(torch.equal(replica[k], training[k]) for k in replica)
-    return {"layers": layers, "missing": sorted(set(replica) ^ set(training)), "bit_identical": same,
-            "sp_off": not engine.replica.config.sequence_parallel}
+    out = {"layers": layers, "missing": sorted(set(replica) ^ set(training)), "bit_identical": same,
+           "sp_off": not engine.replica.config.sequence_parallel, "refill": (engine.refill, fallback.refill),
+           "swap_equals_exporter": set(replica) == set(other) and all(torch.equal(replica[k], other[k]) for k in replica)}
+    # the sync probe checks every replica against the pipelined training forward
+    from verl_bridge.rollout.verify import SyncVerificationError
+    from verl_bridge.runtime.experience import sequence_log_probs
+
+    def trainer_lp(ids):
+        return sequence_log_probs(actor, ids, pp_size=layout.pp_size)
+
+    out["probe_diffs"] = [r.max_abs_diff for r in engine.verify(trainer_lp, threshold=1e-3)]
+    if engine.index == 1:  # corrupt replica 1 only (ranks 2 and 3): the probe must name it on every rank
+        with torch.no_grad():
+            engine.replica.state_dict()["decoder.layers.2.mlp.linear_fc2.weight"].mul_(3.0)
+    try:
+        engine.verify(trainer_lp, threshold=1e-3)
+        out["corrupt"] = None
+    except SyncVerificationError as exc:
+        out["corrupt"] = str(exc)
+    engine.sync_weights()  # the next refill repairs it
+    out["repaired"] = len(engine.verify(trainer_lp, threshold=1e-3))
+    return out
 
 
 @pytest.mark.slow
 def test_replica_refill_is_bit_identical_to_the_pipeline():
-    for r in run_distributed(_replica_worker, 4):
+    """Both refills (megatron's swap_model_weights, the WeightExporter fallback) give bit-identical
+    replicas equal to the training stages; the sync probe checks every replica and names a bad one."""
+    runs = run_distributed(_replica_worker, 4)
+    for r in runs:
         assert r["layers"] == ["0", "1", "2", "3"]  # the whole model on every rank (its TP shard)
         assert r["missing"] == [] and r["bit_identical"] and r["sp_off"]
+        assert r["refill"] == ("swap_model_weights", "exporter") and r["swap_equals_exporter"]
+        assert len(r["probe_diffs"]) == 2 and max(r["probe_diffs"]) <= 1e-4, r["probe_diffs"]
+        assert r["corrupt"] is not None and r["corrupt"].startswith("generation replica(s) 1 (max |diff|"), r["corrupt"]
+        assert "of 2 failed the sync probe after the swap_model_weights refill" in r["corrupt"]
+        assert r["repaired"] == 2
+    print("replica probe |replica - pipelined trainer| per replica:", runs[0]["probe_diffs"])
 
 
 def test_num_rollout_workers_checked_against_replicas():

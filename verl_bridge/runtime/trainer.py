@@ -254,8 +254,15 @@ class MegatronTrainer:
         self.engine.sync_weights()
         if self.config.rollout.verify_sync and self.config.rollout.engine == "native":  # rollout/verify.py
             from verl_bridge.rollout.verify import resolve_threshold, verify_native_engine
-            verify_native_engine(state.roles.actor, engine=self.engine,
-                                 threshold=resolve_threshold(self.config.rollout.verify_threshold, state.roles.actor))
+            threshold = resolve_threshold(self.config.rollout.verify_threshold, state.roles.actor)
+            if self.layout.pp_size > 1:  # every generation replica against the pipelined training forward
+                from verl_bridge.runtime.experience import sequence_log_probs
+
+                pp = self.layout.pp_size
+                self.engine.verify(lambda ids: sequence_log_probs(state.roles.actor, ids, pp_size=pp),
+                                   threshold=threshold)
+            else:
+                verify_native_engine(state.roles.actor, engine=self.engine, threshold=threshold)
         t_train = time.perf_counter() - t1
         mask = exp.response_mask
         metrics["reward_mean"] = float(exp.scores.mean())
