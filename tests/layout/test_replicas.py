@@ -122,8 +122,8 @@ def test_num_rollout_workers_derived_and_validated_at_load():
                     check_paths=False)
 
 
-def test_vllm_engine_checks_rollout_workers_before_starting_vllm():
-    """``build_vllm_engine``'s check runs before vLLM is imported (a config built without validation)."""
+def test_vllm_engine_checks_rollout_workers():
+    """``build_vllm_engine``'s check (a config built without validation), the config-load rule again."""
     from verl_bridge.config import load_config
     from verl_bridge.rollout.vllm_engine import check_vllm_rollout_workers
 

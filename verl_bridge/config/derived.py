@@ -16,10 +16,10 @@ from typing import Optional
 
 def rollout_tp_size(cfg, train_tp: Optional[int] = None) -> int:
     """The tensor parallel size of one generation replica (``train_tp``: default ``trainer.args.tp_size``)."""
-    r, train_tp = cfg.rollout, train_tp or cfg.trainer.args.tp_size
+    r = cfg.rollout
     if r.engine == "vllm" and r.tp_size:
         return int(r.tp_size)
-    return int(train_tp)
+    return int(train_tp or cfg.trainer.args.tp_size)
 
 
 def rollout_workers(world_size: int, rollout_tp: int) -> int:

@@ -664,7 +664,8 @@ def actor_vocab_size(actor) -> int:
 def check_vllm_rollout_workers(cfg, layout) -> tuple[int, int]:
     """vLLM's replicas follow the native engine's rule and key: N / t workers, t = ``rollout.tp_size``
     (default: the training TP size), each a vLLM TP group of t consecutive ranks; ``data.num_rollout_workers``
-    must equal N / t or be absent. Returns (N / t, t); raises ValueError (before vLLM is imported)."""
+    must equal N / t or be absent (checked at config load too). Returns (N / t, t); raises ValueError
+    before the engine is built."""
     from verl_bridge.config.derived import rollout_tp_size
     from verl_bridge.rollout.replica import actor_world_size, check_rollout_workers
 
@@ -672,8 +673,9 @@ def check_vllm_rollout_workers(cfg, layout) -> tuple[int, int]:
     world = actor_world_size(layout)
     if world % t:
         raise ValueError(f"rollout.tp_size={t} does not divide the world size {world}")
-    key = "rollout.tp_size" if cfg.rollout.tp_size else "trainer.args.tp_size"
-    return check_rollout_workers(cfg.data.num_rollout_workers, world, t, key=key), t
+    key = "rollout.tp_size" if getattr(cfg.rollout, "tp_size", None) else "trainer.args.tp_size"
+    asked = getattr(getattr(cfg, "data", None), "num_rollout_workers", None)
+    return check_rollout_workers(asked, world, t, key=key), t
 
 
 def build_vllm_engine(cfg, actor, layout, vocab_size: Optional[int] = None) -> VllmEngine:
@@ -682,8 +684,8 @@ def build_vllm_engine(cfg, actor, layout, vocab_size: Optional[int] = None) -> V
     Raises :class:`VllmUnavailableError` (one readable paragraph) without a working vLLM.
     ``vocab_size`` defaults to the actor's unpadded vocabulary.
     """
-    n, rollout_tp = check_vllm_rollout_workers(cfg, layout)
     require_vllm()
+    n, rollout_tp = check_vllm_rollout_workers(cfg, layout)
     vocab_size = vocab_size or actor_vocab_size(actor)
     hf_dir = hf_dir_for_actor(cfg, actor, vocab_size)
     if getattr(layout, "rank", 0) == 0:
