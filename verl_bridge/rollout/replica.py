@@ -31,8 +31,10 @@ step:
    the replicas that failed.
 
 Memory: the replica is a second full copy of the actor's parameters per TP shard (the training
-stage holds 1/p of them), kept between rollouts: rebuilding it each step would cost a model build;
-freeing it is a possible later option. Sequence parallelism is switched off on the replica
+stage holds 1/p of them), kept between rollouts: rebuilding it each step would cost a model build
+and a fresh allocation of the same size; ``verl-bridge plan`` counts it (role ``replica``, static
+memory; 1.23 GiB/rank for the seed's OPT-1.3B at TP=2 x PP=2 in bf16, next to a 31.55 GiB peak:
+:mod:`verl_bridge.planning.memory`). Sequence parallelism is switched off on the replica
 (megatron's ``set_model_to_sequence_parallel``): decoding one token cannot be split over TP.
 """
 
