@@ -59,7 +59,7 @@ def _local_weights(model):
             if not k.endswith("_extra_state") and v is not None}
 
 
-def _update_worker(rank, world_size, hf_dir, overrides, critic: bool):
+def _update_worker(rank, world_size, hf_dir, overrides, critic: bool, hf_critic: bool = False):
     from megatron.core import parallel_state as mpu
 
     from verl_bridge import algorithms as A
@@ -96,6 +96,23 @@ def _update_worker(rank, world_size, hf_dir, overrides, critic: bool):
 
     tied = tied_embedding_weight(roles.actor)
     out["tied"] = None if tied is None else tied.detach().clone()
+    if hf_critic:  # the same update again, same process groups, with a Hugging Face critic replicated on the ranks
+        bridge.config = load_config(QUICKSTART, [
+            "model.actor.args.preset=null", f"model.actor.args.model_name_or_path={hf_dir}", "trainer.output_dir=null",
+            "algorithm.ppo_epochs=1", "algorithm.mini_batch_size=8", "algorithm.micro_batch_size=2",
+            "model.critic.type=huggingface", "model.critic.args.preset=null",
+            f"model.critic.args.model_name_or_path={hf_dir}", *overrides], world_size=world_size)
+        seed_everything(cfg.trainer.seed)
+        roles = bridge.build_roles()
+        state = TrainerState(config=bridge.config, layout=layout, roles=roles,
+                             kl_ctl=A.build_kl_controller(a.kl.coef, a.kl.target, a.kl.horizon))
+        exp = _experience()
+        stats = make_experience(exp, state, spec)
+        metrics = update(exp, state, spec, step=1)
+        out["hf"] = {"stats": stats, "metrics": metrics, "values": exp.tensors["values"],
+                     "old_log_probs": exp.tensors["old_log_probs"], "actor": _local_weights(roles.actor),
+                     "critic": {k: v.detach().clone() for k, v in roles.critic.state_dict().items()},
+                     "tp_rank": out["tp_rank"], "pp_rank": out["pp_rank"]}
     return out
 
 
@@ -133,8 +150,10 @@ def _max_weight_diff(ref: dict, got: dict) -> tuple[float, str]:
     return worst, where
 
 
-def _compare(ref, runs, tp: int, critic: bool, tied_copy: bool = False) -> dict[str, float]:
-    """``tied_copy``: the last stage's output-layer copy of a tied embedding is compared separately."""
+def _compare(ref, runs, tp: int, critic: bool, tied_copy: bool = False,
+             replicated_critic: bool = False) -> dict[str, float]:
+    """``tied_copy``: the last stage's output-layer copy of a tied embedding is compared separately;
+    ``replicated_critic``: every rank holds the whole (Hugging Face) critic, each compared on its own."""
     diffs = {}
     m = ref["metrics"]
     for r in runs:  # every rank reports the same statistics (broadcast from the last stage)
@@ -151,9 +170,11 @@ def _compare(ref, runs, tp: int, critic: bool, tied_copy: bool = False) -> dict[
     if tied_copy:
         actor.pop("output_layer.weight")
     diffs["actor_weights"], actor_where = _max_weight_diff(ref["actor"], actor)
-    if critic:
+    if critic and replicated_critic:
+        diffs["critic_weights"] = max(_max_weight_diff(ref["critic"], r["critic"])[0] for r in runs)
+    elif critic:
         diffs["critic_weights"], _ = _max_weight_diff(ref["critic"], _merged(runs, "critic", tp))
-    print(f"measured |TPxPP - TP1xPP1| (worst actor weight: {actor_where}):",
+    print(f"measured |TPxPP - TP1xPP1|{' (HF critic)' if replicated_critic else ''} (worst actor weight: {actor_where}):",
           {k: f"{v:.2e}" for k, v in diffs.items()})
     return diffs
 
@@ -165,16 +186,24 @@ def llama_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(llama_dir):
-    return run_distributed(_update_worker, 1, llama_dir, [], True)[0]
+    return run_distributed(_update_worker, 1, llama_dir, [], True, True)[0]
 
 
 @pytest.mark.slow
 def test_tp2_pp2_sp_update_equals_tp1(llama_dir, reference):
+    """The megatron critic (TP=2 x PP=2 x SP, through the 1F1B schedule) and, in the same launch, a
+    Hugging Face critic replicated on all four ranks: both updates equal the one-rank update."""
     runs = run_distributed(_update_worker, 4, llama_dir, ["trainer.args.tp_size=2", "trainer.args.pp_size=2",
-                                                          "trainer.args.sequence_parallel=true"], True)
+                                                          "trainer.args.sequence_parallel=true"], True, True)
     assert sorted((r["tp_rank"], r["pp_rank"]) for r in runs) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     diffs = _compare(reference, runs, tp=2, critic=True)
     assert all(v <= TOL for v in diffs.values()), diffs
+    hf_ref = reference["hf"]
+    hf_diffs = _compare(hf_ref, [r["hf"] for r in runs], tp=2, critic=True, replicated_critic=True)
+    assert all(v <= TOL for v in hf_diffs.values()), hf_diffs
+    # it was the HF critic, and its update moved it (zero-initialised value head: a no-op would stay 0)
+    assert any(k.startswith("backbone.") for k in hf_ref["critic"]) and "output_layer.weight" in reference["critic"]
+    assert hf_ref["critic"]["value_head.weight"].abs().max() > 0
     # the update moved the weights (a no-op update would also "match")
     from verl_bridge.compat import unwrap_model  # noqa: F401
     assert reference["metrics"]["grad_norm"] > 0

@@ -80,9 +80,6 @@ def _worker(rank, world_size, vp, full_state):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="open (issue #22 item 4, VPP): megatron's interleaved schedule runs on CPU "
-                   "through the shims, micro-batches 0-1 match PP=1 exactly, 2-3 differ (loss 0.3646 vs 0.3638): "
-                   "the steady-state P2P pairing of CpuP2PCommunicator is the suspect, not yet found")
 def test_vpp2_interleaved_schedule_equals_pp1():
     ref = run_distributed(_worker, 1, None, None)[0]
     runs = run_distributed(_worker, 2, 2, ref["before"])

@@ -62,11 +62,19 @@ def test_seed_layout_parameters_kv_cache_and_optimizer_state():
     per_layer = SEQ * 4 * H * 34 / 2
     assert math.isclose(first.activations, 12 * per_layer * 2)
     assert math.isclose(last.activations, 12 * per_layer + SEQ * 4 * V_PAD / 2 * 4)
-    static0 = STAGE0 * 18 + STAGE0 * 2 + critic * 18
+    # the generation replica (2 rollout workers = TP groups): the whole model at TP=2 in bf16, on every rank,
+    # kept between rollouts: both stages minus the last stage's copy of the tied embedding
+    replica = STAGE0 + STAGE1 - V_PAD // 2 * H
+    assert replica == 660_287_488 == stage_params_per_rank(shape, 2, 1, 0)
+    assert first.roles["replica"] == last.roles["replica"] == {"params": replica * 2}
+    assert first.replica == "kept" and first.rollout_weights == 0
+    static0 = STAGE0 * 18 + STAGE0 * 2 + critic * 18 + replica * 2
     assert math.isclose(first.peak, static0 + max(KV, 12 * per_layer * 2))
+    assert any("2 generation replica(s)" in n and "extra 1.23 GiB/rank" in n and "kept between rollouts" in n
+               for n in plan.notes), plan.notes
     assert plan.warnings == [] and first.peak < 80 * GiB
     # the distributed optimizer divides the optimizer state by DP (here 8 GPUs -> DP 2)
-    cfg8 = load_config(TEMPLATE, ["trainer.args.dp_size=2"], world_size=8, check_paths=False)
+    cfg8 = load_config(TEMPLATE, ["trainer.args.dp_size=2", "data.num_rollout_workers=4"], world_size=8, check_paths=False)
     r8 = plan_memory(cfg8, 8, shape, source).ranks[0]
     assert r8.roles["actor"]["optimizer"] == STAGE0 * 12 / 2
     assert r8.kv_cache == KV // 2  # 32 samples over 2 DP ranks
@@ -106,9 +114,10 @@ def test_remedies_carry_numbers():
     assert "exceeds the device memory 80.00 GiB" in text
     # KV cache per sample is KV / 32; samples that fit next to each stage's static memory, by hand
     critic = (TOTAL + H + 1) * 18
-    static = [STAGE0 * 18 + STAGE0 * 2 + critic, STAGE1 * 18 + STAGE1 * 2 + critic]
+    replica = (STAGE0 + STAGE1 - V_PAD // 2 * H) * 2  # the generation replica, kept between rollouts
+    static = [STAGE0 * 18 + STAGE0 * 2 + critic + replica, STAGE1 * 18 + STAGE1 * 2 + critic + replica]
     fit = min((80 * GiB - s) // (KV // 32) for s in static)
-    assert fit == 2187
+    assert fit == 2135
     assert f"at most {fit} samples per TPxPP group fit (now 4096); use data.rollout_batch_size <= {fit}" in text
     assert f"model.reference.args.offload: true saves {STAGE0 * 2 / GiB:.2f} GiB" in text
     assert "sequence length: max_prompt_length + max_response_length <= " in text
@@ -138,3 +147,22 @@ def test_shape_sources(tmp_path):
     shape, source = resolve_shape(load_config(None, ["model.actor.args.preset=tiny"]))
     assert shape.name == "tiny" and shape.vocab_size == 16 and "tiny" in source
     assert resolve_shape(cfg, "llama-2-7b")[0].num_layers == 32
+
+
+def test_generation_replica_memory_per_engine():
+    """PP=1: the training actor is the replica (nothing extra). vLLM: its weights (whole model at
+    rollout.tp_size) count in the rollout phase only, freed between rollouts."""
+    shape = BUILTIN_SHAPES["opt-1.3b"]
+    pp1 = load_config(TEMPLATE, ["trainer.args.pp_size=1", "trainer.args.dp_size=2", "data.num_rollout_workers=null"],
+                      world_size=4, check_paths=False)
+    plan = plan_memory(pp1, 4, shape, "given")
+    assert all("replica" not in r.roles and r.rollout_weights == 0 for r in plan.ranks)
+    assert any("the training actor is the replica (PP=1): no extra memory" in n for n in plan.notes)
+    vllm = load_config(TEMPLATE, ["rollout.engine=vllm", "rollout.tp_size=1", "data.num_rollout_workers=4"],
+                       world_size=4, check_paths=False)
+    plan = plan_memory(vllm, 4, shape, "given")
+    whole = stage_params_per_rank(shape, 1, 1, 0) * 2  # bf16, vLLM TP=1
+    for r in plan.ranks:
+        assert "replica" not in r.roles and r.rollout_weights == whole and r.replica == "freed"
+        assert math.isclose(r.peak, r.static + max(r.kv_cache + whole, r.activations))
+    assert any("4 generation replica(s)" in n and "freed between rollouts" in n for n in plan.notes), plan.notes

@@ -23,10 +23,15 @@ def parallel_plan(cfg: Config, world_size: int, has_cuda: bool) -> list[str]:
     per_rank = samples // dp
     mini = a.mini_batch_size or samples
     micro_per_rank = (mini // dp) // a.micro_batch_size
+    from verl_bridge.config.derived import rollout_tp_size, rollout_workers
+
+    rtp = rollout_tp_size(cfg)
+    workers = rollout_workers(actor_world_size(cfg, world_size), rtp)
     lines = [
         f"world size      {world_size}  (nproc-per-node)",
         f"parallelism     TP={ta.tp_size} PP={ta.pp_size} DP={dp} SP={ta.sequence_parallel}",
-        f"rollout         engine={cfg.rollout.engine} workers={d.num_rollout_workers} "
+        f"rollout         engine={cfg.rollout.engine} workers={workers} (N/t, t={rtp}"
+        f"{'' if d.num_rollout_workers else ', derived'}) "
         f"prompts/step={d.rollout_batch_size} x group_size={a.group_size} = {samples} samples",
         f"per DP rank     {per_rank} samples; mini-batch {mini // dp}/rank -> {mini // dp // a.micro_batch_size} "
         f"micro-batches of {a.micro_batch_size}; {samples // mini} optimizer step(s) x {a.ppo_epochs} epoch(s)",

@@ -18,7 +18,16 @@ shim                             what it replaces, and why
                                  their public ``p2p_communicator=`` argument. It also always
                                  exchanges the shapes first (megatron's ``variable_seq_lengths``
                                  path), so a short last micro-batch of a mini-batch is received
-                                 with its own shape.
+                                 with its own shape. It always sends through ``_p2p_ops``, never
+                                 ``_batched_p2p_ops`` (``batch_p2p_comm``, the interleaved
+                                 schedule's default): gloo matches a receive to a send by peer and
+                                 tag in posting order, and the batched order (send_prev, recv_prev,
+                                 send_next, recv_next on every rank) pairs, at PP=2 where prev and
+                                 next are the same rank, one stage's activation send with the other
+                                 stage's gradient receive; the two same-shaped tensors arrive
+                                 swapped, silently. ``_p2p_ops`` orders even and odd ranks so that
+                                 every send meets its receive (and at PP=2 puts the two directions
+                                 on two communicators).
 :func:`~verl_bridge.compat.     the schedules' ``total_num_tokens = torch.zeros([], ...,
 cpu_device.cpu_device_shims`     device="cuda")``, and what the model calls inside them (SP
 (0.12-0.19)                      scatter/gather buffers): active only during the schedule call.
@@ -80,14 +89,13 @@ def _cpu_p2p_communicator_class():
                            if recv_prev else None)
             recv_next_t = (torch.empty(recv_next_shape, requires_grad=True, dtype=config.pipeline_dtype)
                            if recv_next else None)
-            # megatron's own send/receive: batched when the config asks for it, else paired isend/irecv
-            p2p_func = p2p._batched_p2p_ops if config.batch_p2p_comm else p2p._p2p_ops
-            reqs = p2p_func(tensor_send_prev=tensor_send_prev, tensor_recv_prev=recv_prev_t,
+            # megatron's own paired isend/irecv, never its batched variant (see the module docstring)
+            reqs = p2p._p2p_ops(tensor_send_prev=tensor_send_prev, tensor_recv_prev=recv_prev_t,
                             tensor_send_next=tensor_send_next, tensor_recv_next=recv_next_t,
                             group=self.pp_group, prev_pipeline_rank=self.prev_rank,
                             next_pipeline_rank=self.next_rank)
             if (wait_on_reqs or config.batch_p2p_comm) and len(reqs) > 0:
-                for req in reqs if isinstance(reqs, list) else reqs.values():
+                for req in reqs.values():
                     req.wait()
                 reqs = None
             return recv_prev_t, recv_next_t, reqs

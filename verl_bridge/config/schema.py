@@ -115,7 +115,7 @@ class ModelConfig:
 @dataclass(kw_only=True)
 class DataConfig:
     rollout_batch_size: int = 32  # prompts per step
-    num_rollout_workers: int = 1
+    num_rollout_workers: Optional[int] = None  # None: derived, N / rollout TP (config/derived.py)
     max_prompt_length: int = 16
     max_response_length: int = 8
     task: Optional[str] = "digits"  # built-in toy task; None when train_files is set

@@ -197,6 +197,14 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
                     p.append(f"algorithm.micro_batch_size={a.micro_batch_size} does not divide the "
                              f"{mini // dp} samples per rank in each mini-batch "
                              f"(mini_batch_size {mini} / dp {dp})")
+    tp_ok = all(isinstance(x, int) and x >= 1 for x in (ta.tp_size, r.tp_size or 1))
+    if tp_ok and isinstance(d.num_rollout_workers, int) and d.num_rollout_workers >= 1:
+        from verl_bridge.config.derived import rollout_tp_size, rollout_workers_problem
+
+        key = "rollout.tp_size" if r.engine == "vllm" and r.tp_size else "trainer.args.tp_size"
+        problem = rollout_workers_problem(d.num_rollout_workers, world_size, rollout_tp_size(cfg), key=key)
+        if problem:
+            p.append(problem)
     if isinstance(d.num_rollout_workers, int) and d.num_rollout_workers >= 1 and isinstance(d.rollout_batch_size, int):
         if d.rollout_batch_size % d.num_rollout_workers:
             p.append(f"data.num_rollout_workers={d.num_rollout_workers} does not divide "

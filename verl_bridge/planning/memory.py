@@ -24,9 +24,21 @@ Formulas (P = parameters held by the rank, bytes per parameter in parentheses):
   ``min(PP - stage, micro-batches)`` micro-batches in flight (1F1B); the last stage adds the fp32
   logits ``s*b*V/t*4``.
 
+* generation replica (the rollout workers, :mod:`verl_bridge.rollout.replica`, ``data.num_rollout_workers``
+  = N / t): with the native engine at PP > 1 each rank also holds the **whole** model (all layers,
+  embeddings and output layer) at TP=t in ``trainer.precision``, ``stage_params_per_rank(tp, pp=1)``.
+  It is **kept** between rollouts (static memory, the role ``replica``): it is refilled in place every step, and freeing
+  it would mean a model build and a fresh allocation of the same size every step for memory that
+  the training phase's peak mostly does not need (it is the actor's parameters once, at TP=t, next
+  to parameters + gradients + optimizer states of 18 bytes per parameter). At PP=1 the training
+  actor is the replica: nothing extra. With vLLM the engine's own weights (the whole model at
+  ``rollout.tp_size``) are **freed** between rollouts on CUDA (sleep level 2, with its KV cache), so
+  they count in the rollout phase only; vLLM's CPU worker has no sleep mode and keeps them.
+
 Rollout and training do not overlap in time (the KV cache is freed before the update), so a
-rank's peak is its static memory (parameters, gradients, optimizer states of every role) plus
-the larger of its KV cache and its training activations.
+rank's peak is its static memory (parameters, gradients, optimizer states of every role, a kept
+generation replica) plus the larger of its rollout memory (KV cache, and vLLM's weights) and its
+training activations.
 """
 
 from __future__ import annotations
@@ -134,17 +146,24 @@ class RankEstimate:
     roles: dict[str, dict[str, float]] = field(default_factory=dict)  # role -> {params, grads, optimizer}
     kv_cache: float = 0.0
     activations: float = 0.0
+    rollout_weights: float = 0.0  # the rollout engine's weights present during rollouts only (vLLM, freed after)
+    replica: str = ""  # how the generation replica is held: "kept", "freed", or "" (the training actor is it)
 
     @property
     def static(self) -> float:
         return sum(sum(v.values()) for v in self.roles.values())
 
     @property
+    def rollout(self) -> float:
+        return self.kv_cache + self.rollout_weights
+
+    @property
     def peak(self) -> float:
-        return self.static + max(self.kv_cache, self.activations)
+        return self.static + max(self.rollout, self.activations)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "stage": self.stage, "roles": self.roles, "kv_cache": self.kv_cache,
+                "rollout_weights": self.rollout_weights, "generation_replica": self.replica or "training actor",
                 "activations": self.activations, "static": self.static, "peak": self.peak}
 
 
@@ -220,6 +239,14 @@ def _estimate(cfg, shape: ModelShape, lay: Layout, seq: int, rollout_samples: in
             else:
                 pc = stage_params_per_rank(shape, lay.tp, lay.pp, st, value_head=True)
                 r.roles["critic"] = _trained(pc, pbytes, lay.dp, lay.distributed_optimizer)
+        if cfg.rollout.engine == "vllm":  # vLLM's own copy of the whole model at rollout TP, asleep while training
+            from verl_bridge.config.derived import rollout_tp_size
+
+            r.rollout_weights = float(stage_params_per_rank(shape, rollout_tp_size(cfg), 1, 0) * pbytes)
+            r.replica = "freed"
+        elif lay.pp > 1:  # the whole model at TP=t next to the training stage, refilled in place every step
+            r.roles["replica"] = {"params": float(stage_params_per_rank(shape, lay.tp, 1, 0) * pbytes)}
+            r.replica = "kept"
         layers = stage_layers(shape.num_layers, lay.pp, st)
         kv_heads = max(shape.num_query_groups // lay.tp, 1)
         r.kv_cache = float(2 * layers * kv_heads * shape.head_dim * pbytes * rollout_samples * seq)
@@ -252,10 +279,29 @@ def plan_memory(cfg, world: int, shape: ModelShape, shape_source: str, device_by
                      "TorchOptimizer does not shard it yet (verl_bridge/runtime/optimizer.py)")
     if cfg.model.critic is not None and cfg.model.critic.type == "huggingface":
         notes.append("the Hugging Face critic is replicated on every rank (no TP/PP sharding, optimizer not sharded)")
+    notes.append(replica_note(cfg, lay, ranks[0], world))
     plan = MemoryPlan(shape, shape_source, lay, seq, n_micro, ranks, device_bytes, device_source, warnings, notes)
     if device_bytes is not None and plan.worst.peak > device_bytes:
         warnings.extend(_remedies(cfg, plan, shape, ref_offload))
     return plan
+
+
+def replica_note(cfg, lay: Layout, rank: RankEstimate, world: int) -> str:
+    """Where the rollout workers' weights live, how much they cost, and whether they stay between rollouts."""
+    from verl_bridge.config.derived import rollout_tp_size, rollout_workers
+
+    t = rollout_tp_size(cfg)
+    n = rollout_workers(lay.tp * lay.pp * lay.dp, t)
+    head = f"rollout workers: {n} generation replica(s), each the whole model on {t} consecutive rank(s) (TP={t}); "
+    if rank.replica == "freed":
+        return (head + f"vLLM's weights {fmt_gib(rank.rollout_weights)}/rank are freed between rollouts with its KV "
+                "cache (sleep level 2 on CUDA; counted in the rollout phase; vLLM's CPU worker keeps them)")
+    if rank.replica == "kept":
+        size = rank.roles["replica"]["params"]
+        return (head + f"extra {fmt_gib(size)}/rank next to the training stage, kept between rollouts (refilled in "
+                "place every step; freeing it would rebuild the model and reallocate as much every step, to save "
+                "memory the training peak mostly does not need)")
+    return head + "the training actor is the replica (PP=1): no extra memory"
 
 
 def _remedies(cfg, plan: MemoryPlan, shape: ModelShape, ref_offload: bool) -> list[str]:
@@ -266,12 +312,12 @@ def _remedies(cfg, plan: MemoryPlan, shape: ModelShape, ref_offload: bool) -> li
            f"({plan.device_source})"]
     # 1. a smaller rollout batch per TP x PP group (= per DP rank)
     now = max(d.rollout_batch_size * a.group_size // lay.dp, 1)
-    if any(dev <= r.static for r in plan.ranks):
+    if any(dev <= r.static + r.rollout_weights for r in plan.ranks):
         out.append(f"parameters, gradients and optimizer states alone need {fmt_gib(worst.static)} per rank: "
                    "no rollout batch fits; raise TP/PP, or DP with the distributed optimizer")
     else:
         # KV cache is linear in the samples per rank: samples that fit next to each rank's static memory
-        fit = min(int((dev - r.static) // (r.kv_cache / now)) for r in plan.ranks if r.kv_cache > 0)
+        fit = min(int((dev - r.static - r.rollout_weights) // (r.kv_cache / now)) for r in plan.ranks if r.kv_cache > 0)
         out.append(f"rollout KV cache: at most {fit} samples per TPxPP group fit (now {now}); use "
                    f"data.rollout_batch_size <= {fit * lay.dp // a.group_size} "
                    f"(group_size {a.group_size}, DP {lay.dp})")
@@ -324,12 +370,15 @@ def memory_table(plan: MemoryPlan) -> list[str]:
         lines.append(f"  {r.kind}:")
         for role, parts in r.roles.items():
             detail = ", ".join(f"{k} {fmt_gib(v)}" for k, v in parts.items())
-            lines.append(f"    {role:<11} {fmt_gib(sum(parts.values())):>10}  ({detail})")
+            what = f"; the generation replica at TP={lay.tp}, kept between rollouts" if role == "replica" else ""
+            lines.append(f"    {role:<11} {fmt_gib(sum(parts.values())):>10}  ({detail}{what})")
         lines.append(f"    {'kv cache':<11} {fmt_gib(r.kv_cache):>10}  (rollout)")
+        if r.rollout_weights:
+            lines.append(f"    {'vllm weights':<11} {fmt_gib(r.rollout_weights):>10}  (rollout; freed between rollouts)")
         lines.append(f"    {'activations':<11} {fmt_gib(r.activations):>10}  (training, in-flight micro-batches)")
         verdict = ""
         if plan.device_bytes is not None:
             fits = "fits" if r.peak <= plan.device_bytes else "DOES NOT FIT"
             verdict = f"  of {fmt_gib(plan.device_bytes)}: {fits}"
-        lines.append(f"    {'peak':<11} {fmt_gib(r.peak):>10}  (static + max(kv cache, activations)){verdict}")
+        lines.append(f"    {'peak':<11} {fmt_gib(r.peak):>10}  (static + max(rollout, activations)){verdict}")
     return lines

@@ -661,6 +661,23 @@ def actor_vocab_size(actor) -> int:
     return int(getattr(m, "hf_vocab_size", None) or m.vocab_size)
 
 
+def check_vllm_rollout_workers(cfg, layout) -> tuple[int, int]:
+    """vLLM's replicas follow the native engine's rule and key: N / t workers, t = ``rollout.tp_size``
+    (default: the training TP size), each a vLLM TP group of t consecutive ranks; ``data.num_rollout_workers``
+    must equal N / t or be absent (checked at config load too). Returns (N / t, t); raises ValueError
+    before the engine is built."""
+    from verl_bridge.config.derived import rollout_tp_size
+    from verl_bridge.rollout.replica import actor_world_size, check_rollout_workers
+
+    t = rollout_tp_size(cfg, layout.tp_size)
+    world = actor_world_size(layout)
+    if world % t:
+        raise ValueError(f"rollout.tp_size={t} does not divide the world size {world}")
+    key = "rollout.tp_size" if getattr(cfg.rollout, "tp_size", None) else "trainer.args.tp_size"
+    asked = getattr(getattr(cfg, "data", None), "num_rollout_workers", None)
+    return check_rollout_workers(asked, world, t, key=key), t
+
+
 def build_vllm_engine(cfg, actor, layout, vocab_size: Optional[int] = None) -> VllmEngine:
     """What ``MegatronTrainer.setup`` calls for ``rollout.engine: vllm``.
 
@@ -668,8 +685,13 @@ def build_vllm_engine(cfg, actor, layout, vocab_size: Optional[int] = None) -> V
     ``vocab_size`` defaults to the actor's unpadded vocabulary.
     """
     require_vllm()
+    n, rollout_tp = check_vllm_rollout_workers(cfg, layout)
     vocab_size = vocab_size or actor_vocab_size(actor)
     hf_dir = hf_dir_for_actor(cfg, actor, vocab_size)
+    if getattr(layout, "rank", 0) == 0:
+        from verl_bridge.rollout.replica import log_rollout_workers
+
+        log_rollout_workers(n * rollout_tp, rollout_tp)
     return VllmEngine(actor, hf_dir=hf_dir, rollout_cfg=cfg.rollout, train_tp=layout.tp_size,
                       seed=cfg.trainer.seed, vocab_size=vocab_size, device=getattr(layout, "device", None),
                       max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length)
@@ -677,7 +699,8 @@ def build_vllm_engine(cfg, actor, layout, vocab_size: Optional[int] = None) -> V
 
 __all__ = [
     "DEFAULT_ENV", "INPROC_BACKEND", "TRANSFER_API_METHODS", "TRANSFER_API_MIN_VERSION", "VllmEngine",
-    "VllmUnavailableError", "actor_vocab_size", "build_vllm_engine", "check_media_packages", "choose_update_path",
+    "VllmUnavailableError", "actor_vocab_size", "build_vllm_engine", "check_media_packages", "check_vllm_rollout_workers",
+    "choose_update_path",
     "hf_config_for_actor", "hf_dir_for_actor", "inproc_transfer_engine_class", "parse_version", "register_inproc_backend", "require_vllm",
     "sleep_mode_available", "supports_transfer_api", "vllm_platform", "weight_update_path",
 ]

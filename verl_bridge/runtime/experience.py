@@ -50,6 +50,19 @@ def compute_log_probs(model, exp: Experience, *, pp_size: int, temperature: floa
     return lp, ent
 
 
+def sequence_log_probs(model, input_ids: torch.Tensor, *, pp_size: int) -> torch.Tensor:
+    """Next-token log-probs ``[B, S-1]`` of whole sequences under the training ``model`` (eval mode,
+    temperature 1, through the pipeline at PP > 1; every stage returns them): the trainer's side of
+    the generation replicas' sync probe (:meth:`verl_bridge.rollout.replica.ReplicaEngine.verify`)."""
+    ids = input_ids.long()
+    bsz = ids.shape[0]
+    ones = torch.ones_like(ids)
+    exp = Experience(input_ids=ids, attention_mask=ones, prompt_len=1, response_ids=ids[:, 1:].clone(),
+                     response_mask=ones[:, 1:].float(), scores=torch.zeros(bsz))
+    lp, _ = compute_log_probs(model, exp, pp_size=pp_size, temperature=1.0, micro_batch_size=bsz)
+    return lp.cpu()
+
+
 def compute_values(critic, exp: Experience, *, pp_size: int, micro_batch_size: int,
                    max_tokens: Optional[int] = None) -> torch.Tensor:
     """The critic's values ``[B, R]`` over ``exp``'s responses (eval mode)."""

@@ -35,7 +35,7 @@ from verl_bridge.distributed.layout import ParallelLayout
 from verl_bridge.rollout.producer import FunctionReward, RolloutProducer, rollout_seed
 from verl_bridge.runtime.batch import Experience
 from verl_bridge.runtime.experience import make_experience
-from verl_bridge.runtime.metrics import MetricsLogger, info, warn
+from verl_bridge.runtime.metrics import MetricsLogger, info
 from verl_bridge.runtime.roles import Roles
 from verl_bridge.runtime.state import TrainerState
 from verl_bridge.runtime.update import update
@@ -141,12 +141,6 @@ class MegatronTrainer:
             return  # a separate reward group builds only its scorer
         roles = self.bridge.build_roles()
         self.is_logger = dist.get_rank() == 0
-        if self.is_logger and cfg.data.num_rollout_workers != 1 and self.layout.pp_size == 1:
-            warn(f"data.num_rollout_workers={cfg.data.num_rollout_workers} has no effect: verl-bridge runs SPMD, "
-                 f"and the rollout workers are the {self.layout.dp_size} data-parallel rank(s), each generating "
-                 f"data.rollout_batch_size / dp = {cfg.data.rollout_batch_size // max(self.layout.dp_size, 1)} "
-                 "prompts per step with its own copy of the actor; set the number of ranks (and "
-                 "trainer.args.tp_size / pp_size) to change it")
         run_dir = cfg.trainer.output_dir
         if self.is_logger and run_dir:
             os.makedirs(run_dir, exist_ok=True)
@@ -184,6 +178,13 @@ class MegatronTrainer:
             from verl_bridge.rollout.replica import start_replicas
 
             return start_replicas(self.bridge, roles.actor, self.layout, cfg, self.is_logger)
+        from verl_bridge.rollout.replica import actor_world_size, check_rollout_workers, log_rollout_workers
+
+        # PP=1: the rollout workers are the data-parallel ranks' TP groups, each with its own actor
+        n_actor = actor_world_size(self.layout)
+        check_rollout_workers(cfg.data.num_rollout_workers, n_actor, self.layout.tp_size)
+        if self.is_logger:
+            log_rollout_workers(n_actor, self.layout.tp_size)
         engine = NativeEngine(roles.actor, self.device, compile=cfg.rollout.compile_decode, decode=cfg.rollout.decode)
         if cfg.algorithm.moe_routing_replay:  # R3: the rollout records megatron's routing (runtime/routing_replay.py)
             from verl_bridge.runtime.routing_replay import check_model
@@ -253,8 +254,15 @@ class MegatronTrainer:
         self.engine.sync_weights()
         if self.config.rollout.verify_sync and self.config.rollout.engine == "native":  # rollout/verify.py
             from verl_bridge.rollout.verify import resolve_threshold, verify_native_engine
-            verify_native_engine(state.roles.actor, engine=self.engine,
-                                 threshold=resolve_threshold(self.config.rollout.verify_threshold, state.roles.actor))
+            threshold = resolve_threshold(self.config.rollout.verify_threshold, state.roles.actor)
+            if self.layout.pp_size > 1:  # every generation replica against the pipelined training forward
+                from verl_bridge.runtime.experience import sequence_log_probs
+
+                pp = self.layout.pp_size
+                self.engine.verify(lambda ids: sequence_log_probs(state.roles.actor, ids, pp_size=pp),
+                                   threshold=threshold)
+            else:
+                verify_native_engine(state.roles.actor, engine=self.engine, threshold=threshold)
         t_train = time.perf_counter() - t1
         mask = exp.response_mask
         metrics["reward_mean"] = float(exp.scores.mean())
