@@ -105,7 +105,7 @@ def megatron_model(hf_dir: str, dtype: torch.dtype, dev: torch.device):
     model the trainer runs (before this, a raw bf16 build kept fp32 norms and the fast decoder refused it).
     """
     from verl_bridge.arch import hf_model_provider
-    from verl_bridge.bridge.precision import cast_like_float16_module
+    from verl_bridge.common.precision import cast_like_float16_module
     from verl_bridge.models.tiny import precision_kwargs
 
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")

@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     engine = NativeEngine(mc, dev)
     results["engine_path"] = "fast (CUDA graphs)" if engine.fast is not None else f"module ({engine.fast_reason or 'CPU'})"
     from verl_bridge.rollout.fast_decode import FastDecoder, _State
-    from verl_bridge.runtime.batch import model_inputs
+    from verl_bridge.common.batch import model_inputs
 
     with torch.no_grad():
         ids = prompts[:8].to(dev)

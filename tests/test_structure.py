@@ -225,3 +225,51 @@ def test_tests_do_not_reach_into_the_trainer():
         tree = ast.parse(f.read_text(encoding="utf-8"))
         found += [f"{f.relative_to(REPO)}:{x}" for x in private_reach_ins("tests", tree) if "trainer" in x]
     assert not found, "\n".join(found)
+
+
+# --- layers: nothing low in the house imports from above it -------------------------------------
+# The packages that the trainer (``runtime/``) and the bridge (``bridge/``) stand on. They take the
+# batch types, the trainer's state and roles, precision and hook helpers, the console lines and routing
+# replay from ``common/``, never from ``runtime/`` or ``bridge/``.
+LOWER = ("common", "compat", "distributed", "arch", "models", "checkpoint", "resharding", "rollout", "placement")
+ABOVE = ("runtime", "bridge", "commands", "train", "cli", "migrate")
+# the old module paths of what moved to common/: re-exports for users' imports, nothing else
+MOVED = {"verl_bridge.runtime.batch", "verl_bridge.runtime.state", "verl_bridge.runtime.roles",
+         "verl_bridge.runtime.routing_replay",
+         "verl_bridge.bridge.precision", "verl_bridge.bridge.hooks"}
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def upward_imports(graph: dict[str, dict]) -> list[str]:
+    bad = []
+    for m, edges in sorted(graph.items()):
+        if _package(m) not in LOWER:
+            continue
+        for target, (line, named) in sorted(edges.items()):
+            if _package(target) in ABOVE:
+                bad.append(f"{m}:{line} imports {named}")
+    return bad
+
+
+def test_the_layer_check_fails_on_an_upward_import():
+    graph = {"verl_bridge.rollout.native": import_edges(
+        "verl_bridge.rollout.native", ast.parse("def f():\n    from verl_bridge.runtime.batch import model_inputs\n"))}
+    assert upward_imports(graph) == ["verl_bridge.rollout.native:2 imports verl_bridge.runtime.batch.model_inputs"]
+
+
+def test_nothing_low_imports_from_above_it():
+    bad = upward_imports(GRAPH)
+    assert not bad, "modules below runtime/ and bridge/ import from above them (move the shared piece to common/):\n  " + "\n  ".join(bad)
+
+
+@pytest.mark.parametrize("module", sorted(MOVED))
+def test_moved_modules_are_only_re_exports(module):
+    """The old paths stay importable for users, and nothing of ours uses them."""
+    users = [m for m, edges in GRAPH.items() if module in edges and m not in MOVED]
+    assert not users, f"{module} moved to verl_bridge.common; still imported by {users}"
+    body = [n for n in TREES[module].body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+    assert all(isinstance(n, ast.ImportFrom) and n.module.startswith("verl_bridge.common.") for n in body)

@@ -31,7 +31,7 @@ def _custom_spec(with_norm_biases: bool):
 def _detect_all(rank, world_size, hf_root):
     from verl_bridge.arch import detect_architecture, hf_model_provider, register_architecture
     from verl_bridge.bridge.architecture import resolve_architecture
-    from verl_bridge.bridge.hooks import call_model_provider
+    from verl_bridge.common.hooks import call_model_provider
     from verl_bridge.config import load_config
     from verl_bridge.models.tiny import tiny_model_provider
     from verl_bridge.distributed import init_model_parallel

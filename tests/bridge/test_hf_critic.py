@@ -32,7 +32,7 @@ def test_megatron_mask_gives_the_values_of_each_unpadded_sequence(tmp_path, arch
     from transformers import AutoModel
 
     from tests.arch.tiny_hf import make_tiny_hf
-    from verl_bridge.runtime.batch import model_inputs
+    from verl_bridge.common.batch import model_inputs
     from verl_bridge.runtime.hf_critic import HFCritic, build_hf_critic
 
     make_tiny_hf(arch, tmp_path / arch)
@@ -113,7 +113,7 @@ def test_hf_critic_trains_and_resumes_exactly(tmp_path, models_dir):
 def _tp2(rank, world_size, models, root):
     from megatron.core import parallel_state as mpu
 
-    from verl_bridge.runtime.batch import model_inputs
+    from verl_bridge.common.batch import model_inputs
     from verl_bridge.runtime.trainer import MegatronTrainer
 
     cfg = _cfg(f"{root}/tp2", models, 1, ["trainer.args.tp_size=2", "trainer.save_every=0"], world_size=2)

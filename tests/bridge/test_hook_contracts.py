@@ -2,7 +2,7 @@
 
 import pytest
 
-from verl_bridge.bridge.hooks import (
+from verl_bridge.common.hooks import (
     ACCEPTED_PROVIDER_SIGNATURES,
     HookSignatureError,
     call_load_checkpoint,

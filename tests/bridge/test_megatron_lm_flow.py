@@ -176,7 +176,7 @@ def _gelu_fusion_logits(rank, world_size):
     from verl_bridge.models.tiny import transformer_config_kwargs
     from verl_bridge.distributed import init_model_parallel, seed_everything
     from verl_bridge.rollout.fast_decode import FastDecoder
-    from verl_bridge.runtime.batch import model_inputs
+    from verl_bridge.common.batch import model_inputs
 
     init_model_parallel(1, 1)
     seed_everything(0)

@@ -35,7 +35,7 @@ def _make_hf(out_dir, arch: str) -> str:
 
 
 def _experience():
-    from verl_bridge.runtime.batch import Experience
+    from verl_bridge.common.batch import Experience
 
     g = torch.Generator().manual_seed(0)
     B, P, R = 8, 6, 6
@@ -68,7 +68,7 @@ def _update_worker(rank, world_size, hf_dir, overrides, critic: bool, hf_critic:
     from verl_bridge.config import load_config
     from verl_bridge.distributed import seed_everything
     from verl_bridge.runtime.experience import make_experience
-    from verl_bridge.runtime.state import TrainerState
+    from verl_bridge.common.state import TrainerState
     from verl_bridge.runtime.update import update
 
     crit = ["model.critic.args.preset=null"] if critic else ["model.critic=null"]

@@ -20,7 +20,7 @@ SEQ = torch.randint(1, 64, (2, 10), generator=torch.Generator().manual_seed(0))
 
 def _full_logits(model):
     """Logits over the whole vocabulary (the output layer is vocab-parallel at TP > 1)."""
-    from verl_bridge.runtime.batch import model_inputs
+    from verl_bridge.common.batch import model_inputs
 
     model.eval()
     with torch.no_grad():

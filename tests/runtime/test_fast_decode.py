@@ -28,7 +28,7 @@ def _tiny_model():
 def _check_logits(rank, world_size, archs, tmp):
     from verl_bridge.distributed import init_model_parallel, seed_everything
     from verl_bridge.rollout.fast_decode import FastDecoder, _State
-    from verl_bridge.runtime.batch import model_inputs
+    from verl_bridge.common.batch import model_inputs
 
     init_model_parallel(1, 1)
     for arch in archs:

@@ -33,7 +33,7 @@ def _overrides(ep: int) -> list[str]:
 
 
 def _batch():
-    from verl_bridge.runtime.batch import Experience
+    from verl_bridge.common.batch import Experience
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 16, (B, P + R), generator=g)
@@ -172,7 +172,7 @@ def test_moe_config_refusals():
 def _replay_checks(trainer) -> dict:
     """Routing replay (R3) on a trainer built with algorithm.moe_routing_replay=true (one rank)."""
     from verl_bridge.runtime.experience import compute_log_probs
-    from verl_bridge.runtime.routing_replay import ROUTED_KEY, replay_objects
+    from verl_bridge.common.routing_replay import ROUTED_KEY, replay_objects
     from verl_bridge.runtime.update import update
 
     actor = trainer.roles.actor
@@ -182,8 +182,8 @@ def _replay_checks(trainer) -> dict:
            "replays": len(replay_objects(actor)), "engine_records": trainer.engine.record_routing}
     # the recorded choices are the model's own: a teacher-forced forward (no replay) routes the same
     from verl_bridge.compat.cpu_device import cpu_device_shims
-    from verl_bridge.runtime.batch import model_inputs
-    from verl_bridge.runtime.routing_replay import RoutingRecorder
+    from verl_bridge.common.batch import model_inputs
+    from verl_bridge.common.routing_replay import RoutingRecorder
 
     actor.eval()
     rec = RoutingRecorder(actor)

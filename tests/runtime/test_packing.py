@@ -13,7 +13,7 @@ VOCAB, P, R = 32, 6, 5
 
 def _experience(n: int = 7, seed: int = 0):
     """Left-padded prompts and right-padded responses of different lengths, with the tensors the loss reads."""
-    from verl_bridge.runtime.batch import Experience
+    from verl_bridge.common.batch import Experience
 
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, VOCAB, (n, P + R), generator=g)

@@ -52,7 +52,7 @@ def _engine_log_probs(rank, world_size):
     from verl_bridge.rollout.base import SamplingParams
     from verl_bridge.rollout.native import NativeEngine
     from verl_bridge.rollout.verify import next_token_log_probs
-    from verl_bridge.runtime.batch import model_inputs
+    from verl_bridge.common.batch import model_inputs
 
     init_model_parallel(1, 1)
     seed_everything(0)

@@ -22,7 +22,7 @@ LENGTHS = [5, 1, 2, 5, 1, 4, 1, 3]  # response tokens per row: micro-batches of 
 
 
 def _experience(rows=slice(None), vocab=50):
-    from verl_bridge.runtime.batch import Experience
+    from verl_bridge.common.batch import Experience
 
     g = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, vocab, (ROWS, PROMPT), generator=g)
@@ -54,7 +54,7 @@ def _model(dropout=0.0):
 def _log_prob_checks(rank, world_size):
     from megatron.core import parallel_state as mpu
 
-    from verl_bridge.runtime.batch import model_inputs, response_slice
+    from verl_bridge.common.batch import model_inputs, response_slice
     from verl_bridge.runtime.experience import compute_log_probs
 
     mpu.initialize_model_parallel(1, 1)

@@ -2,7 +2,7 @@
 
 from verl_bridge.bridge.architecture import resolve_architecture  # noqa: F401
 from verl_bridge.bridge.core import BridgeError, MegatronBridge  # noqa: F401
-from verl_bridge.bridge.hooks import (  # noqa: F401
+from verl_bridge.common.hooks import (  # noqa: F401
     ACCEPTED_PROVIDER_SIGNATURES,
     HookSignatureError,
     call_load_checkpoint,

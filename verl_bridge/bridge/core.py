@@ -20,11 +20,11 @@ Order of operations (``initialize`` then ``build_roles``):
 1. ``initialize_megatron``: if the user's function sets up megatron's ``parallel_state``, its
    process groups are reused and TP/PP are read from them (and compared with the config, every
    difference reported); otherwise verl-bridge initialises from ``trainer.args``.
-2. ``model_provider``: called through :func:`verl_bridge.bridge.hooks.call_model_provider`,
+2. ``model_provider``: called through :func:`verl_bridge.common.hooks.call_model_provider`,
    whatever its signature. A provider that reads Megatron-LM's ``get_args()`` works: the user's
    initialiser set those globals, or (no initialiser) :mod:`verl_bridge.bridge.megatron_args`
    is filled from the config. The model is then cast as Megatron-LM's ``get_model()`` does for
-   ``bf16`` / ``fp16`` (``Float16Module``: :mod:`verl_bridge.bridge.precision`).
+   ``bf16`` / ``fp16`` (``Float16Module``: :mod:`verl_bridge.common.precision`).
 3. ``load_checkpoint``: the user's loader with whichever signature it has; without one,
    ``model.actor.args.load_path`` is read with verl-bridge's own Megatron checkpoint reader.
 4. roles: actor (trainable + optimizer), reference (frozen twin with the actor's initial weights),
@@ -39,7 +39,7 @@ from typing import Callable, Optional
 
 import torch
 
-from verl_bridge.bridge.hooks import call_load_checkpoint, call_model_provider, provider_accepts
+from verl_bridge.common.hooks import call_load_checkpoint, call_model_provider, provider_accepts
 from verl_bridge.config import Config
 from verl_bridge.data.files import local_dir
 
@@ -264,7 +264,7 @@ class MegatronBridge:
         post = self.layout.is_last_stage or whole_model
         device = self.layout.device
 
-        from verl_bridge.bridge.precision import PrecisionMismatchError, cast_like_float16_module, resolve_precision
+        from verl_bridge.common.precision import PrecisionMismatchError, cast_like_float16_module, resolve_precision
         from verl_bridge.compat import make_cpu_safe
         from verl_bridge.compat.mcore_versions import default_pg_collection
 
@@ -325,8 +325,8 @@ class MegatronBridge:
 
     def build_roles(self):
         from verl_bridge.runtime.optimizer import build_optimizer
-        from verl_bridge.runtime.roles import frozen_copy, to_critic
-        from verl_bridge.runtime.roles import Roles
+        from verl_bridge.common.roles import frozen_copy, to_critic
+        from verl_bridge.common.roles import Roles
 
         cfg = self.config
         build = self.actor_builder()

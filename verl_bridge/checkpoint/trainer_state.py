@@ -25,7 +25,7 @@ written before markers existed count as complete when every role has the iterati
 directory holds checkpoints or metrics but no usable step, it refuses (nothing is truncated or
 overwritten) instead of starting again at step 1.
 
-Both functions receive the run's :class:`~verl_bridge.runtime.state.TrainerState` (config,
+Both functions receive the run's :class:`~verl_bridge.common.state.TrainerState` (config,
 layout, roles, KL controller, step), never the trainer.
 """
 
@@ -43,8 +43,8 @@ import torch
 from verl_bridge.checkpoint import megatron as mckpt
 from verl_bridge.checkpoint.layout import atomic_write_text, iter_dir, list_iterations
 from verl_bridge.checkpoint.safe_load import CheckpointError, CorruptCheckpointError
-from verl_bridge.runtime.metrics import warn
-from verl_bridge.runtime.state import TrainerState
+from verl_bridge.common.log import warn
+from verl_bridge.common.state import TrainerState
 
 log = logging.getLogger(__name__)
 

@@ -165,7 +165,7 @@ class AlgorithmConfig:
     # policy-gradient loss by min(exp(old log-prob - rollout log-prob), cap) (algorithms/rollout_correction.py)
     rollout_correction: Optional[RolloutCorrectionConfig] = None
     # MoE routing replay (R3): the rollout's expert choices reused in the training forwards
-    # (verl_bridge.runtime.routing_replay); needs megatron-core's RouterReplay
+    # (verl_bridge.common.routing_replay); needs megatron-core's RouterReplay
     moe_routing_replay: bool = False
 
 

@@ -308,7 +308,7 @@ def _check_expert_parallel(p: list[str], cfg, world_size: int, dp) -> None:
     ta, args = cfg.trainer.args, cfg.model.actor.args
     ep = ta.ep_size
     if getattr(cfg.algorithm, "moe_routing_replay", False):
-        from verl_bridge.runtime.routing_replay import available
+        from verl_bridge.common.routing_replay import available
 
         missing = available()
         if missing:

@@ -79,7 +79,7 @@ class Placement:
         roles = role_layout()
         if roles is not None and dist.get_rank() == 0:
             from verl_bridge.placement.spec import layout_lines
-            from verl_bridge.runtime.metrics import info
+            from verl_bridge.common.log import info
 
             for line in layout_lines(config, dist.get_world_size())[:2]:
                 info(" ".join(line.split()))

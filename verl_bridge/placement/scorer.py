@@ -1,7 +1,7 @@
 """Reward scorers: ``scorer(input_ids, attention_mask, prompt_len, truths) -> fp32 scores [B]``.
 
 * :class:`ModelScorer` (``model.reward.type: model``): a frozen megatron GPTModel whose output
-  layer is a scalar head (:func:`verl_bridge.runtime.roles.to_critic`); the score of a sequence
+  layer is a scalar head (:func:`verl_bridge.common.roles.to_critic`); the score of a sequence
   is the head's value at its last non-pad token. The model comes from ``model.reward.args``
   (``preset``, ``model_provider`` or ``model_name_or_path``, like the actor), optionally with
   ``load_path`` weights; without them its weights (head included) are drawn from
@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import torch
 
 from verl_bridge.rewards.checked import checked_reward
-from verl_bridge.runtime.batch import model_inputs
+from verl_bridge.common.batch import model_inputs
 
 REWARD_SEED_OFFSET = 7_777_777  # the reward model's weights: trainer.seed + this
 
@@ -99,9 +99,9 @@ def _provider(bridge, args):
 
 def build_reward_model(bridge) -> torch.nn.Module:
     """The frozen reward GPTModel on this rank (the caller's TP group shards it)."""
-    from verl_bridge.bridge.hooks import call_model_provider
+    from verl_bridge.common.hooks import call_model_provider
     from verl_bridge.compat import make_cpu_safe
-    from verl_bridge.runtime.roles import to_critic
+    from verl_bridge.common.roles import to_critic
 
     cfg = bridge.config
     args = cfg.model.reward.args

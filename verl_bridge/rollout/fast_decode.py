@@ -86,7 +86,7 @@ def mixed_dtype_reason(model: torch.nn.Module) -> Optional[str]:
     bf16 linear after an fp32 LayerNorm would fail with ``mat1 and mat2 must have the same dtype``.
     Megatron-LM never runs such a model: ``get_model()``'s ``Float16Module`` casts all of it.
     """
-    from verl_bridge.bridge.precision import parameter_dtypes
+    from verl_bridge.common.precision import parameter_dtypes
 
     groups = parameter_dtypes(model)
     if len(groups) <= 1:

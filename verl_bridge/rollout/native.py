@@ -21,7 +21,7 @@ import torch.distributed as dist
 from verl_bridge.config.schema import DECODE_PATHS
 from verl_bridge.rollout.base import RolloutBatch, SamplingParams, left_pad
 from verl_bridge.rollout.sampling import sample_next, sampled_log_probs
-from verl_bridge.runtime.batch import model_inputs
+from verl_bridge.common.batch import model_inputs
 
 
 class NativeEngine:
@@ -121,7 +121,7 @@ class NativeEngine:
         _, positions, mask = model_inputs(prompt_ids, prompt_mask)
         recorder = None
         if self.record_routing:
-            from verl_bridge.runtime.routing_replay import RoutingRecorder
+            from verl_bridge.common.routing_replay import RoutingRecorder
 
             recorder = RoutingRecorder(model)
         try:

@@ -22,7 +22,7 @@ import torch
 
 from verl_bridge.rewards.checked import checked_reward
 from verl_bridge.rollout.base import RolloutBatch, SamplingParams
-from verl_bridge.runtime.batch import Experience
+from verl_bridge.common.batch import Experience
 
 EVAL_SEED_OFFSET = 1_000_000  # evaluation streams never meet a training step's
 

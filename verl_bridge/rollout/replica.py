@@ -268,7 +268,7 @@ def check_rollout_workers(asked, world_size: int, rollout_tp: int, key: str = "t
 def log_rollout_workers(world_size: int, rollout_tp: int) -> None:
     """``[INFO] Rollout worker 0 started on ranks 0 & 1 (TP group)``, one line per worker (rank 0 calls it)."""
     from verl_bridge.config.derived import rollout_worker_lines
-    from verl_bridge.runtime.metrics import info
+    from verl_bridge.common.log import info
 
     for line in rollout_worker_lines(world_size, rollout_tp):
         info(line)
@@ -279,7 +279,7 @@ def start_replicas(bridge, actor: torch.nn.Module, layout, cfg, is_logger: bool,
     """Build this rank's generation replica and its engine; log the rollout workers the article's way.
 
     ``data.num_rollout_workers`` must equal N / t, or be absent (derived)."""
-    from verl_bridge.runtime.metrics import info
+    from verl_bridge.common.log import info
 
     n = check_rollout_workers(cfg.data.num_rollout_workers, actor_world_size(layout), layout.tp_size)
     replica = build_generation_replica(bridge.actor_builder(whole_model=True))

@@ -193,7 +193,7 @@ class _eval_mode:
 @torch.no_grad()
 def megatron_log_probs(model, input_ids: torch.Tensor, vocab_size: Optional[int] = None) -> torch.Tensor:
     """The trainer's forward (PP=1, any TP): next-token log-probs [B, S-1] of *input_ids*."""
-    from verl_bridge.runtime.batch import model_inputs
+    from verl_bridge.common.batch import model_inputs
 
     device = next(model.parameters()).device
     ids = input_ids.to(device)
@@ -222,7 +222,7 @@ def native_engine_log_probs(model, input_ids: torch.Tensor, vocab_size: Optional
     the model."""
     from megatron.core.inference.contexts import StaticInferenceContext
 
-    from verl_bridge.runtime.batch import model_inputs
+    from verl_bridge.common.batch import model_inputs
 
     device = next(model.parameters()).device
     ids = input_ids.to(device)

@@ -19,10 +19,10 @@ import torch
 from verl_bridge import algorithms as A
 from verl_bridge.algorithms.registry import AlgorithmSpec
 from verl_bridge.algorithms.rollout_correction import rollout_mismatch
-from verl_bridge.runtime.batch import Experience
+from verl_bridge.common.batch import Experience
 from verl_bridge.runtime.forward import eval_mode, forward_micro_batches, response_logits, response_values
 from verl_bridge.runtime.logprobs import token_entropy, token_log_probs, unpadded_vocab_size
-from verl_bridge.runtime.state import TrainerState
+from verl_bridge.common.state import TrainerState
 from verl_bridge.runtime.update import max_tokens_per_micro_batch
 
 

@@ -16,9 +16,9 @@ from functools import partial
 
 import torch
 
-from verl_bridge.runtime.batch import Experience, model_inputs, response_outputs
+from verl_bridge.common.batch import Experience, model_inputs, response_outputs
 from verl_bridge.runtime.logprobs import mask_padded_vocab
-from verl_bridge.runtime.routing_replay import ROUTED_KEY, replaying
+from verl_bridge.common.routing_replay import ROUTED_KEY, replaying
 from verl_bridge.runtime.schedule import cpu_forward_backward_no_pipelining, get_forward_backward_func
 
 

@@ -7,7 +7,7 @@ code does not care which kind it runs::
 
     module(input_ids [B,S], position_ids [B,S], attention_mask [B,1,S,S] bool, True = masked) -> [B,S,1]
 
-The megatron mask (causal + key padding, see :func:`verl_bridge.runtime.batch.model_inputs`) is
+The megatron mask (causal + key padding, see :func:`verl_bridge.common.batch.model_inputs`) is
 handed to HF as a 4-D additive float mask (0 = attend, dtype min = masked), which transformers
 passes through unchanged to eager and SDPA attention; ``position_ids`` go through as they are
 (left-padded prompts keep their positions). ``None`` as mask means plain causal attention.

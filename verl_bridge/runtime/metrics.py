@@ -9,6 +9,7 @@ import time
 from typing import Optional
 
 from verl_bridge.checkpoint.layout import atomic_write_text
+from verl_bridge.common.log import info, warn  # noqa: F401  (their old home; callers import them from here too)
 
 
 class MetricsFileError(RuntimeError):
@@ -25,14 +26,6 @@ def _open_append(path):
                                    "only to a regular file in the run directory. Remove the link.") from None
         raise
     return os.fdopen(fd, "a", encoding="utf-8")
-
-
-def info(msg: str) -> None:
-    print(f"[INFO] {msg}", flush=True)
-
-
-def warn(msg: str) -> None:
-    print(f"[WARN] {msg}", flush=True)
 
 
 def _eval_text(metrics: dict) -> str:

@@ -9,7 +9,7 @@ One step (every rank runs the same code; TP ranks hold identical samples, DP ran
     ─▶ weights to the rollout engine ─▶ metrics ─▶ console + metrics.jsonl
 
 This module only orchestrates: setup builds the pieces from the config and the bridge, and the
-loop passes a :class:`~verl_bridge.runtime.state.TrainerState` (never the trainer) to the
+loop passes a :class:`~verl_bridge.common.state.TrainerState` (never the trainer) to the
 experience, update and checkpoint code. ``algorithm.name`` is looked up once in
 :data:`verl_bridge.algorithms.registry.ALGORITHMS`, the registry the config validator reads.
 """
@@ -33,11 +33,11 @@ from verl_bridge.data.reward import reward_function
 from verl_bridge.data.tokenizer import builtin_task, load_tokenizer
 from verl_bridge.distributed.layout import ParallelLayout
 from verl_bridge.rollout.producer import FunctionReward, RolloutProducer, rollout_seed
-from verl_bridge.runtime.batch import Experience
+from verl_bridge.common.batch import Experience
 from verl_bridge.runtime.experience import make_experience
 from verl_bridge.runtime.metrics import MetricsLogger, info
-from verl_bridge.runtime.roles import Roles
-from verl_bridge.runtime.state import TrainerState
+from verl_bridge.common.roles import Roles
+from verl_bridge.common.state import TrainerState
 from verl_bridge.runtime.update import update
 
 
@@ -187,7 +187,7 @@ class MegatronTrainer:
             log_rollout_workers(n_actor, self.layout.tp_size)
         engine = NativeEngine(roles.actor, self.device, compile=cfg.rollout.compile_decode, decode=cfg.rollout.decode)
         if cfg.algorithm.moe_routing_replay:  # R3: the rollout records megatron's routing (runtime/routing_replay.py)
-            from verl_bridge.runtime.routing_replay import check_model
+            from verl_bridge.common.routing_replay import check_model
 
             check_model(roles.actor)
             engine.record_routing = True

@@ -5,7 +5,7 @@ a mini-batch is ``algorithm.mini_batch_size / dp`` samples on each rank, split i
 of ``algorithm.micro_batch_size`` that megatron's schedule accumulates before one optimizer step
 (gradient clipping inside the optimizer); with ``trainer.args.use_dynamic_bsz`` the micro-batches
 hold up to ``trainer.args.max_tokens_per_micro_batch`` real tokens each, packed without padding
-(:meth:`~verl_bridge.runtime.batch.Experience.token_micro_batches`), their count per rank varying. Losses:
+(:meth:`~verl_bridge.common.batch.Experience.token_micro_batches`), their count per rank varying. Losses:
 
 * actor: the algorithm's policy loss (:data:`verl_bridge.algorithms.POLICY_LOSSES`; each token's
   term weighted by ``min(exp(old - rollout log-prob), cap)`` with ``algorithm.rollout_correction:
@@ -35,10 +35,10 @@ import torch.distributed as dist
 from verl_bridge import algorithms as A
 from verl_bridge.algorithms.registry import AlgorithmSpec
 from verl_bridge.algorithms.rollout_correction import tis_weights
-from verl_bridge.runtime.batch import Experience
+from verl_bridge.common.batch import Experience
 from verl_bridge.runtime.forward import forward_micro_batches, response_logits, response_values
 from verl_bridge.runtime.logprobs import token_entropy, token_log_probs, unpadded_vocab_size
-from verl_bridge.runtime.state import TrainerState
+from verl_bridge.common.state import TrainerState
 
 
 def actor_loss(mb: Experience, output: torch.Tensor, *, config, spec: AlgorithmSpec, kl_coef: float,
