@@ -77,14 +77,14 @@ def test_torch_dist_writer_base_matches_the_installed_version():
 
 
 def test_moe_router_shim_names_its_versions():
-    """compat/moe.py: megatron's RouterGatingLinearFunction reads ``te_general_gemm``, which 0.16 binds
+    """compat/moe.py: megatron's RouterGatingLinearFunction reads ``te_general_gemm``, which 0.13 to 0.16 bind
     only when Transformer Engine imports (NameError without it) and 0.19 binds to None otherwise."""
     from megatron.core.transformer.moe import moe_utils
 
     from verl_bridge.compat import moe
     from verl_bridge.compat.mcore_versions import mcore_version
 
-    assert moe.ROUTER_TE_GEMM_UNBOUND == ((0, 16), (0, 18))
+    assert moe.ROUTER_TE_GEMM_UNBOUND == ((0, 13), (0, 18))
     lo, hi = moe.ROUTER_TE_GEMM_UNBOUND
     if moe_utils.HAVE_TE:
         return

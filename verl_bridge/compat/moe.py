@@ -6,7 +6,7 @@ Two CUDA / Transformer Engine assumptions in ``TopKRouter.gating`` (``megatron.c
   moves the router weight to ``torch.cuda.current_device()`` whenever it sits on the CPU
   (``self.weight.data = self.weight.data.to(device=torch.cuda.current_device())``), which raises
   on a CPU-only torch ("Torch not compiled with CUDA enabled").
-* ``ROUTER_TE_GEMM_UNBOUND`` (0.16, checked on 0.16.1): ``moe_utils.RouterGatingLinearFunction``
+* ``ROUTER_TE_GEMM_UNBOUND`` (0.13 to 0.18, checked on 0.13.1 and 0.16.1): ``moe_utils.RouterGatingLinearFunction``
   tests ``te_general_gemm is not None``, but that name is only imported inside the ``try: import
   transformer_engine`` block, so without Transformer Engine the router's forward raises
   ``NameError: name 'te_general_gemm' is not defined``. 0.19 binds it to ``None`` in the
@@ -29,10 +29,10 @@ import torch.nn.functional as F
 from verl_bridge.compat.mcore_versions import mcore_version
 
 # megatron-core versions (major, minor) whose RouterGatingLinearFunction reads an unbound
-# te_general_gemm without Transformer Engine: checked on 0.16.1 (unbound) and 0.19.2 (bound to None);
-# 0.17 and 0.18 were not available to check and are treated as 0.16 (the shim computes the same
+# te_general_gemm without Transformer Engine: checked on 0.13.1 and 0.16.1 (unbound) and 0.19.2 (bound
+# to None); 0.14, 0.15, 0.17 and 0.18 were not checked and are treated as their neighbours (the shim computes the same
 # linear map as megatron's torch fallback, so applying it where it is not needed changes nothing)
-ROUTER_TE_GEMM_UNBOUND = ((0, 16), (0, 18))
+ROUTER_TE_GEMM_UNBOUND = ((0, 13), (0, 18))
 ROUTER_GATING_MOVES_TO_CUDA = ((0, 12), (0, 19))
 
 _ROUTER_CLASSES: dict[type, type] = {}
