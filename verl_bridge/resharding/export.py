@@ -48,6 +48,14 @@ Memory: the two buffers, each about ``max(bucket_bytes, F)`` (the gather buffer 
 vocabulary padding and TP copies of replicated tensors), kept between syncs until :meth:`reset`.
 ``coalesce=False`` keeps the per-tensor path (one broadcast and one all-gather per parameter).
 
+Mixture-of-Experts. Experts stream under their HF names with global expert indices (Mixtral's
+``block_sparse_moe.experts.{e}.w1``, Qwen's ``mlp.experts.{e}.gate_proj``, ...). Under expert
+parallelism (EP > 1) each rank holds ``E/ep`` experts (expert ``e`` on EP rank ``e // (E/ep)``): per
+expert tensor, its EP rank broadcasts it over megatron's expert-model-parallel group (within the
+owning pipeline stage), then the PP broadcast and the TP all-gather run as for any tensor (expert
+TP = TP). At EP > 1 the bucketed stream takes the per-tensor general path (the fast path and the
+coalesced plan are for EP = 1); the stream is the same, name for name and bit for bit.
+
 Yielded tensors may alias the model's parameters (zero copy) and must be treated as read-only;
 clone them to keep them past the next training step. A yielded bucket list is emptied when the
 consumer asks for the next one (so that a ``for bucket in ...`` loop does not keep two buckets
@@ -75,6 +83,7 @@ from verl_bridge.arch.convert import (
     mcore_names,
     mcore_to_hf,
     mcore_to_hf_parts,
+    expert_index,
     merge_tp,
     to_global_name,
     tp_split_dim,
@@ -171,6 +180,15 @@ def _parallel_state():
     if ps is None:
         return 1, 0, None, 1, 0, None, [0]
     return ps.tp_size, ps.tp_rank, ps.tp_group, ps.pp_size, ps.pp_rank, ps.pp_group, list(ps.pp_ranks)
+
+
+def _ep_state():
+    """(ep_size, ep_rank, ep_group, global ranks of the EP group, expert TP size); (1, 0, None, [0], 1)
+    without megatron's groups."""
+    ps = model_parallel_state()
+    if ps is None or ps.ep_size == 1:
+        return 1, 0, None, [0], 1 if ps is None else ps.etp_size
+    return ps.ep_size, ps.ep_rank, ps.ep_group, list(dist.get_process_group_ranks(ps.ep_group)), ps.etp_size
 
 
 def assign_buckets(entries: list[tuple[int, list[int]]], bucket_bytes: int) -> list[list[tuple[int, int]]]:
@@ -514,6 +532,7 @@ class WeightExporter:
         self.hf_extras = hf_extras
         self.stats = ExportStats()
         self._meta: Optional[dict] = None  # global name -> (owner pp rank, shard shape, dtype)
+        self._ep_owner: dict[str, int] = {}  # expert name -> the EP rank holding it (expert parallelism)
         self._plan: Optional[_Plan] = None  # the TP=1 / PP=1 fast path (see the module docstring)
         self._plan_key = None
         self._cplan: Optional[_CoalescedPlan] = None  # the coalesced general path
@@ -535,13 +554,15 @@ class WeightExporter:
         """Global megatron name -> this rank's (TP-shard) tensor, over all chunks."""
         known = set(self.order)
         local: dict[str, torch.Tensor] = {}
+        ep_size, ep_rank = _ep_state()[:2]
+        n_local = self.dims.num_experts // ep_size if self.dims.num_experts else None
         for chunk in self.chunks:
             layers = getattr(getattr(chunk, "decoder", None), "layers", None)
             offset = (layers[0].layer_number - 1) if layers is not None and len(layers) else 0
             for lname, t in chunk.state_dict(keep_vars=True).items():
                 if lname.endswith("._extra_state") or t is None:
                     continue
-                g = local_spec_name(to_global_name(lname, offset))
+                g = local_spec_name(to_global_name(lname, offset, ep_rank=ep_rank, num_local_experts=n_local))
                 if g == "output_layer.weight" and self.dims.tie_embeddings:
                     continue  # the last stage's copy of the tied embeddings
                 if g not in known:
@@ -586,6 +607,22 @@ class WeightExporter:
                 if g in meta:
                     raise ValueError(f"{g} is held by pipeline stages {meta[g][0]} and {p}")
                 meta[g] = (p, shape, dt)
+        ep_size, ep_rank, ep_group, _, etp_size = _ep_state()
+        self._ep_owner: dict[str, int] = {}
+        if ep_size > 1:  # experts: each EP rank of a stage holds its own; the rest of the model is replicated
+            tp_size = _parallel_state()[0]
+            if etp_size != tp_size:
+                raise ValueError(f"exporting experts with expert_tensor_parallel_size={etp_size} != TP={tp_size} "
+                                 "is not supported; use the default expert TP (= TP)")
+            per_ep: list = [None] * ep_size
+            dist.all_gather_object(per_ep, {g: v for g, v in meta.items() if expert_index(g) is not None},
+                                   group=ep_group)
+            for q, entries in enumerate(per_ep):
+                for g, v in entries.items():
+                    if g in self._ep_owner and self._ep_owner[g] != q:
+                        raise ValueError(f"{g} is held by EP ranks {self._ep_owner[g]} and {q}")
+                    self._ep_owner[g] = q
+                    meta[g] = v
         missing = [g for g in self.order if g not in meta]
         if missing:
             raise ValueError(f"no pipeline stage holds {missing[:5]}{' ...' if len(missing) > 5 else ''}")
@@ -601,13 +638,17 @@ class WeightExporter:
         tp_size, tp_rank, tp_group, pp_size, pp_rank, pp_group, pp_ranks = ps
         owner, shape, dt = meta[name]
         dt = self.dtype or dt
-        if owner == pp_rank:
+        ep_owner = self._ep_owner.get(name)
+        ep_size, ep_rank, ep_group, ep_ranks, _ = _ep_state()
+        if owner == pp_rank and (ep_owner is None or ep_owner == ep_rank):
             shard = local[name]
             if shard.dtype != dt:
                 shard = shard.to(dt)
             shard = shard.contiguous()
         else:
             shard = torch.empty(shape, dtype=dt, device=self._device)
+        if ep_owner is not None and owner == pp_rank:  # an expert: its EP rank sends it to the stage's others
+            dist.broadcast(shard, src=ep_ranks[ep_owner], group=ep_group)
         if pp_size > 1:
             dist.broadcast(shard, src=pp_ranks[owner], group=pp_group)
         if tp_size > 1 and tp_split_dim(name) is not None:
@@ -644,10 +685,12 @@ class WeightExporter:
         meta = self._metadata()
         local, model_ptrs = self._cached_local()
         self._device = next(iter(local.values())).device if local else torch.device("cpu")
-        if bucketed and self.fast_path and ps[0] == 1 and ps[3] == 1 and isinstance(self._local_key, tuple):
+        ep_size = _ep_state()[0]
+        if bucketed and self.fast_path and ps[0] == 1 and ps[3] == 1 and ep_size == 1 \
+                and isinstance(self._local_key, tuple):
             yield from self._stream_planned(local, start)
             return
-        if bucketed and self.coalesce:
+        if bucketed and self.coalesce and ep_size == 1:
             yield from self._stream_coalesced(local, meta, ps, start)
             return
         ledger = _Ledger(model_ptrs)
