@@ -351,7 +351,8 @@ def memory_table(plan: MemoryPlan) -> list[str]:
              f"{plan.shape.ffn_hidden_size}, vocab {plan.shape.vocab_size}, max pos "
              f"{plan.shape.max_position_embeddings}; {fmt_count(total_params(plan.shape))} params "
              f"(from {plan.shape_source})",
-             f"memory/rank     TP={lay.tp} PP={lay.pp} DP={lay.dp}{f" EP={lay.ep}" if lay.ep > 1 else ""} SP={lay.sp} distributed optimizer="
+             f"memory/rank     TP={lay.tp} PP={lay.pp} DP={lay.dp}{' EP=%d' % lay.ep if lay.ep > 1 else ''} "
+             f"SP={lay.sp} distributed optimizer="
              f"{lay.distributed_optimizer}; sequence {plan.seq}, {plan.micro_batches} micro-batch(es) per step"]
     for r in plan.ranks:
         lines.append(f"  {r.kind}:")
