@@ -128,8 +128,29 @@ def _ep_worker(rank, world_size, dirs):
             out[ep, arch] = dict(resolved=resolve_architecture(model), logits=logits, local_fc1=n_fc1,
                                  export=per_tensor, bucket_names=[n for n, _ in buckets], hf_names=ex.hf_names(),
                                  bucket_equal=all(torch.equal(t, per_tensor[n]) for n, t in buckets))
+        if ep == 2:
+            out["preset"] = _preset_checks(ep)
         mpu.destroy_model_parallel()
     return out, tokens
+
+
+def _preset_checks(ep: int) -> dict:
+    """The tiny-moe preset (a provider-built megatron MoE model) resolves to the Mixtral map; with an
+    ungated shared expert the error names it."""
+    from verl_bridge.bridge.architecture import resolve_architecture
+    from verl_bridge.bridge.hooks import call_model_provider
+    from verl_bridge.config import load_config
+    from verl_bridge.models.tiny import tiny_model_provider
+
+    cfg = load_config("templates/moe_grpo.yaml", ["trainer.output_dir=null", "model.actor.args.hidden_size=32"])
+    a = cfg.model.actor.args
+    out = {"tiny_moe": resolve_architecture(call_model_provider(tiny_model_provider(a, 16, 32, ep_size=ep)))}
+    a.moe_shared_expert_intermediate_size = 16
+    try:
+        resolve_architecture(call_model_provider(tiny_model_provider(a, 16, 32, ep_size=ep)))
+    except ValueError as e:
+        out["ungated_shared"] = str(e)
+    return out
 
 
 def test_moe_logits_parity_and_export_ep1_ep2(moe_dirs):
@@ -137,6 +158,9 @@ def test_moe_logits_parity_and_export_ep1_ep2(moe_dirs):
     results = run_distributed(_ep_worker, 2, dirs)
     worst = {}
     for rank, (out, tokens) in enumerate(results):
+        preset = out.pop("preset")
+        assert preset["tiny_moe"] == "mixtral"
+        assert "shared experts without a sigmoid gate" in preset["ungated_shared"], preset
         for (ep, arch), r in out.items():
             assert r["resolved"] == arch
             assert r["local_fc1"] == 2 * 4 // ep  # layers x this EP rank's experts
