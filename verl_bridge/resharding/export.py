@@ -53,8 +53,10 @@ Mixture-of-Experts. Experts stream under their HF names with global expert indic
 parallelism (EP > 1) each rank holds ``E/ep`` experts (expert ``e`` on EP rank ``e // (E/ep)``): per
 expert tensor, its EP rank broadcasts it over megatron's expert-model-parallel group (within the
 owning pipeline stage), then the PP broadcast and the TP all-gather run as for any tensor (expert
-TP = TP). At EP > 1 the bucketed stream takes the per-tensor general path (the fast path and the
-coalesced plan are for EP = 1); the stream is the same, name for name and bit for bit.
+TP = TP). At EP > 1 the bucketed stream takes the coalesced path (the fast path is for EP = 1), where
+each unit's section holds, per owning stage, the experts of each EP rank as one run: one broadcast
+per (EP rank, run) over the EP group, before the PP broadcasts and the TP all-gather; the stream
+is the same as the per-tensor path's, name for name and bit for bit.
 
 Yielded tensors may alias the model's parameters (zero copy) and must be treated as read-only;
 clone them to keep them past the next training step. A yielded bucket list is emptied when the
@@ -68,7 +70,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Optional, Union
 
 import torch
@@ -326,6 +328,7 @@ class _Unit:
     bcasts: list  # (section view, global source rank)
     gathers: list  # (buffer view [tp * L], own section view [L])
     buckets: list  # _PlannedBucket-like: (items, copies, recompute, nbytes)
+    ep_bcasts: list = field(default_factory=list)  # (section view, global source rank): experts over EP, first
 
 
 class _CoalescedPlan:
@@ -338,6 +341,7 @@ class _CoalescedPlan:
 
     def __init__(self, ex: "WeightExporter", local: dict, meta: dict, ps, device):
         tp, tp_rank, _, pp, pp_rank, _, pp_ranks = ps
+        _, ep_rank, _, ep_ranks, _ = _ep_state()
         self.tp = tp
         dims_r = replace(ex.dims, num_attention_heads=ex.dims.num_attention_heads // tp,
                          num_query_groups=ex.dims.num_query_groups // tp, vocab_size=None)
@@ -366,7 +370,8 @@ class _CoalescedPlan:
         # layouts: per unit and dtype, parameters ordered by owning stage, then stream order
         layouts, g_numel = [], {}
         for ub in units:
-            params = sorted({i for b in ub for i, _ in b}, key=lambda i: (info[i][1], i))
+            params = sorted({i for b in ub for i, _ in b},
+                            key=lambda i: (info[i][1], ex._ep_owner.get(info[i][0], -1), i))
             lay: dict = {}  # dtype -> [section length, [(parameter index, offset)]]
             for i in params:
                 slot = lay.setdefault(info[i][3], [0, []])
@@ -382,18 +387,20 @@ class _CoalescedPlan:
         for ub, lay in zip(units, layouts):
             where = {}
             pack: dict = {}
-            bcasts, gathers = [], []
+            bcasts, gathers, ep_bcasts = [], [], []
             for dt, (length, placed) in lay.items():
                 g2 = self.gbuf[dt][: tp * length].view(tp, length)
                 own = g2[tp_rank]
                 if tp > 1:
                     gathers.append((g2.view(-1), own))
                 runs: list = []  # (owner, start, end)
+                ep_runs: list = []  # (EP owner, start, end) of this stage's experts
                 for i, off in placed:
                     name, owner, shape, _, _, _, _ = info[i]
                     n = math.prod(shape)
                     where[i] = (g2, off, n)
-                    if owner == pp_rank:
+                    q = ex._ep_owner.get(name)
+                    if owner == pp_rank and q in (None, ep_rank):
                         d, s = pack.setdefault(local[name].dtype, ([], []))
                         d.append(own[off:off + n].view(shape))
                         s.append(local[name])
@@ -401,6 +408,12 @@ class _CoalescedPlan:
                         runs[-1][2] = off + n
                     else:
                         runs.append([owner, off, off + n])
+                    if q is not None and owner == pp_rank:
+                        if ep_runs and ep_runs[-1][0] == q and ep_runs[-1][2] == off:
+                            ep_runs[-1][2] = off + n
+                        else:
+                            ep_runs.append([q, off, off + n])
+                ep_bcasts += [(own[a:b], ep_ranks[q]) for q, a, b in ep_runs]
                 if pp > 1:
                     bcasts += [(own[a:b], pp_ranks[o]) for o, a, b in runs]
             planned = []
@@ -446,12 +459,12 @@ class _CoalescedPlan:
                 for dt, used in o_used.items():
                     o_numel[dt] = max(o_numel.get(dt, 0), used)
                 planned.append((items, copies, recompute, nbytes))
-            pending_units.append((pack, bcasts, gathers, planned))
+            pending_units.append((pack, bcasts, gathers, planned, ep_bcasts))
         self.obuf = {dt: torch.empty(n, dtype=dt, device=device) for dt, n in o_numel.items()}
         self.peak_extra_bytes = sum(_nbytes(t) for t in (*self.gbuf.values(), *self.obuf.values()))
         # second pass: destination views in the out buffer, batched per (dtype pair)
         self.units: list[_Unit] = []
-        for pack, bcasts, gathers, planned in pending_units:
+        for pack, bcasts, gathers, planned, ep_bcasts in pending_units:
             bks = []
             for items, copies, recompute, nbytes in planned:
                 items = list(items)
@@ -478,7 +491,7 @@ class _CoalescedPlan:
                         gd.append(d)
                         gs.append(s)
                 bks.append(_PlannedBucket(items, list(groups.values()), recompute, nbytes))
-            self.units.append(_Unit([tuple(v) for v in pack.values()], bcasts, gathers, bks))
+            self.units.append(_Unit([tuple(v) for v in pack.values()], bcasts, gathers, bks, ep_bcasts))
 
 
 class WeightExporter:
@@ -690,7 +703,7 @@ class WeightExporter:
                 and isinstance(self._local_key, tuple):
             yield from self._stream_planned(local, start)
             return
-        if bucketed and self.coalesce and ep_size == 1:
+        if bucketed and self.coalesce:
             yield from self._stream_coalesced(local, meta, ps, start)
             return
         ledger = _Ledger(model_ptrs)
@@ -789,6 +802,7 @@ class WeightExporter:
 
     def _stream_coalesced(self, local, meta, ps, start: float) -> Iterator[list[tuple[str, torch.Tensor]]]:
         tp_size, tp_rank, tp_group, pp_size, pp_rank, pp_group, _ = ps
+        ep_group = _ep_state()[2]
         key = (self._local_key, tp_size, tp_rank, pp_size, pp_rank, self.bucket_bytes, self.dtype)
         if self._cplan is None or self._cplan_key != key or not isinstance(self._local_key, tuple):
             self._cplan = None  # free the old buffers before the new ones are allocated
@@ -803,6 +817,8 @@ class WeightExporter:
         for u in plan.units:
             for dsts, srcs in u.pack:  # this rank's shards into its section, one batched copy per dtype
                 torch._foreach_copy_(dsts, srcs)
+            for view, src in u.ep_bcasts:  # experts: each EP rank's run of its experts, within the stage
+                dist.broadcast(view, src=src, group=ep_group)
             for view, src in u.bcasts:  # one broadcast per owning stage
                 dist.broadcast(view, src=src, group=pp_group)
             for out, own in u.gathers:  # one all-gather of the whole section per dtype
