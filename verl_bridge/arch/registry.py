@@ -2,7 +2,8 @@
 
 An :class:`~verl_bridge.arch.spec.ArchSpec` (in :mod:`.spec`, which the per-architecture modules
 import; only this module imports them) is data. ``from_hf`` maps a Hugging Face parameter name template to a
-megatron-core ``GPTModel`` name template (``{}`` is the layer index, torchtitan style):
+megatron-core ``GPTModel`` name template (``{}`` is the layer index, torchtitan style; ``{e}`` the
+global expert index of a Mixture-of-Experts layer):
 
 * ``"hf.name": "mcore.name"``              one tensor to one tensor,
 * ``"hf.name": ("mcore.name", "q")``       one part of a fused megatron tensor (``q``/``k``/``v`` of
@@ -26,7 +27,7 @@ from __future__ import annotations
 from typing import Union
 
 from verl_bridge.arch import llama, mistral, mixtral, opt, qwen2, qwen2_moe, qwen3_moe
-from verl_bridge.arch.moe import unsupported_hf_reason, unsupported_mcore_features
+from verl_bridge.arch.moe import MOE_ARCHS, unsupported_hf_reason, unsupported_mcore_features
 from verl_bridge.arch.spec import ArchSpec
 
 _REGISTRY: dict[str, ArchSpec] = {}
@@ -132,6 +133,12 @@ def detect_architecture(model_or_config) -> str:
     ``add_bias_linear``, ``position_embedding_type`` and, where a spec lists it, ``rotary_base``.
     Llama and Mistral share one weight layout; Mistral is chosen only when ``rotary_base`` is
     1e6 (Mistral v0.2+), otherwise Llama (the exported weights are identical either way).
+
+    Mixture-of-Experts (``num_moe_experts`` set): only maps with experts (a ``{e}`` placeholder)
+    match, told apart by shared expert, its gate, q/k norm, QKV bias and the router's
+    renormalisation; MoE features no built-in map covers (see :mod:`verl_bridge.arch.moe`) raise
+    ``ValueError`` naming them, and so do HF architectures known to be outside the maps
+    (DeepSeek-V3, GLM-4.5, ...).
     """
     archs = getattr(model_or_config, "architectures", None)
     if archs or isinstance(getattr(model_or_config, "model_type", None), str):
@@ -143,14 +150,13 @@ def detect_architecture(model_or_config) -> str:
         raise ValueError(unsupported_hf_reason(archs or []) or f"no registered architecture for HF architectures={archs}")
     feats = _features_of(model_or_config)
     config = getattr(model_or_config, "config", model_or_config)
+    unsupported = unsupported_mcore_features(config) if feats.get("moe") else []
     for spec in all_archs():
-        if spec.name in _BUILTINS and feats.get("moe"):
-            unsupported = unsupported_mcore_features(config)
-            if unsupported:  # a built-in map would convert this model's tensors but not its maths
-                raise ValueError("this Mixture-of-Experts model uses " + "; ".join(unsupported)
-                                 + f", which the MoE maps ({', '.join(n for n in _BUILTINS if '_moe' in n or n == 'mixtral')})"
-                                 " do not cover. Register an architecture for it with "
-                                 "verl_bridge.arch.register_architecture.")
+        if spec.name in _BUILTINS and unsupported:  # custom maps had their turn: a built-in one would
+            # convert this model's tensors but not its maths
+            raise ValueError("this Mixture-of-Experts model uses " + "; ".join(unsupported)
+                             + f", which the MoE maps ({', '.join(MOE_ARCHS)}) do not cover. Register an "
+                             "architecture for it with verl_bridge.arch.register_architecture.")
         if feats.get("moe") is not None and feats["moe"] != spec_has_experts(spec):
             continue  # a dense map never matches an MoE model, nor an MoE map a dense one
         ok = True
