@@ -113,3 +113,25 @@ def test_moe_checkpoints_ep2_both_formats_and_ep2_to_ep1(tmp_path):
         ep1 = r["ep1"]
         assert set(ep1) == set(merged) and sum("local_experts" in k for k in ep1) == 2 * 4 * 2  # layers x experts x fc
         assert all(torch.equal(ep1[k], merged[k]) for k in merged)
+
+    # the EP=2 checkpoints (both layouts) convert to Hugging Face: the tiny-moe preset is Mixtral's layout,
+    # and transformers' MixtralForCausalLM loads every expert, gathered from both EP ranks' files
+    from transformers import AutoModelForCausalLM
+
+    from verl_bridge.arch import mcore_to_hf
+    from verl_bridge.arch.convert import ModelDims
+    from verl_bridge.checkpoint.hf import export_hf
+
+    dims = ModelDims(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=4, head_dim=8,
+                     ffn_hidden_size=64, gated_linear_unit=True, vocab_size=16, num_experts=4)
+    want = {n: t for k, v in merged.items() for n, t in mcore_to_hf(k, v, "mixtral", dims)}
+    for fmt in ("legacy", "torch_dist"):
+        hf_dir = tmp_path / f"hf-{fmt}"
+        export_hf(tmp_path / fmt / "checkpoints" / "actor", hf_dir)
+        hf = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+        assert type(hf).__name__ == "MixtralForCausalLM"
+        from verl_bridge.arch.hf import SafetensorsDir
+
+        got = SafetensorsDir(hf_dir)
+        assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want), fmt
+        assert sum(".experts." in k for k in got) == 2 * 4 * 3  # layers x experts x (w1, w2, w3)

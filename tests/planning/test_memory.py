@@ -166,3 +166,36 @@ def test_generation_replica_memory_per_engine():
         assert "replica" not in r.roles and r.rollout_weights == whole and r.replica == "freed"
         assert math.isclose(r.peak, r.static + max(r.kv_cache + whole, r.activations))
     assert any("4 generation replica(s)" in n and "freed between rollouts" in n for n in plan.notes), plan.notes
+
+
+# ---- Mixture-of-Experts: Mixtral-8x7B by hand (32 layers, hidden 4096, 32 heads / 8 KV heads, 8 SwiGLU experts
+# of 14336, top-2, vocab 32000, untied): 46,702,792,704 parameters, the count Mistral AI publishes.
+MX_ATTN = 4096 * (4096 + 2 * 1024) + 4096 * 4096
+MX_EXPERT = 3 * 4096 * 14336
+MX_LAYER = MX_ATTN + 8 * MX_EXPERT + 8 * 4096 + 2 * 4096  # attention, experts, router, two RMSNorms
+MX_TOTAL = 32 * MX_LAYER + 2 * 32000 * 4096 + 4096
+# TP=2 x EP=4: attention and each expert halve over TP, 8 / 4 = 2 experts per rank; router and norms replicated
+MX_RANK = 32 * (MX_ATTN // 2 + 2 * MX_EXPERT // 2 + 8 * 4096 + 2 * 4096) + 2 * 32000 // 2 * 4096 + 4096
+
+
+def test_moe_expert_memory_per_rank():
+    from verl_bridge.planning.memory import expert_params_per_rank
+    from verl_bridge.planning.shapes import shape_from_hf_config
+
+    s = BUILTIN_SHAPES["mixtral-8x7b"]
+    assert MX_TOTAL == 46_702_792_704 == total_params(s)
+    assert stage_params_per_rank(s, 1, 1, 0) == MX_TOTAL
+    assert stage_params_per_rank(s, 2, 1, 0, ep=4) == MX_RANK == 6_440_620_032
+    assert expert_params_per_rank(s, 2, 4) == 2 * MX_EXPERT // 2
+    assert total_params(BUILTIN_SHAPES["qwen3-30b-a3b"]) == 30_532_122_624
+    hf = {"model_type": "mixtral", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+          "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 32000, "max_position_embeddings": 32768,
+          "num_local_experts": 8, "num_experts_per_tok": 2, "hidden_act": "silu", "tie_word_embeddings": False}
+    assert total_params(shape_from_hf_config(hf, "mixtral-8x7b")) == MX_TOTAL
+    cfg = load_config(REPO / "templates" / "moe_grpo.yaml", ["trainer.args.tp_size=2", "trainer.args.ep_size=4",
+                                                             "algorithm.micro_batch_size=8"],
+                      world_size=8, check_paths=False)
+    plan = plan_memory(cfg, 8, s, "built-in", 80 * GiB, "given")
+    actor = plan.ranks[0].roles["actor"]
+    assert actor["grads"] == MX_RANK * 4  # fp32 gradients of this rank's parameters
+    assert any("8 per layer (top-2), 2 on each rank (EP=4)" in n for n in plan.notes), plan.notes

@@ -1,6 +1,7 @@
 """Model architectures: declarative HF <-> megatron-core name maps, config translation, HF loading.
 
-One module per architecture (``llama``, ``qwen2``, ``mistral``, ``opt``) holds its name map and
+One module per architecture (``llama``, ``qwen2``, ``mistral``, ``opt``, and the Mixture-of-Experts
+``mixtral``, ``qwen2_moe``, ``qwen3_moe`` with what they share in ``moe``) holds its name map and
 config translation; :mod:`.registry` finds them; :mod:`.fused` is the only tensor code (QKV by
 query groups, gate/up); :mod:`.convert` converts and shards single tensors (pure functions, no
 process groups); :mod:`.hf` reads HF directories and builds / loads megatron models.
@@ -10,7 +11,8 @@ Public API (what the trainer and the weight exporter call)::
     hf_to_mcore_config(hf_dir_or_config) -> (TransformerConfig kwargs, GPTModel kwargs, arch name)
     hf_model_provider(hf_dir) -> model_provider(pre_process, post_process)
     load_hf_weights(model, hf_dir)
-    detect_architecture(model_or_config) -> "llama" | "qwen2" | "mistral" | "opt" | custom
+    detect_architecture(model_or_config) -> "llama" | "qwen2" | "mistral" | "opt" | "mixtral" | "qwen2_moe"
+                                            | "qwen3_moe" | custom
     register_architecture(name, ArchSpec(...))
     mcore_to_hf(name, full_tensor, arch, config) -> [(hf_name, tensor)]
     hf_to_mcore(name, hf_tensors, arch, config) -> full megatron tensor

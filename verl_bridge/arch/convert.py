@@ -38,6 +38,10 @@ class ModelDims:
     vocab_size: Optional[int] = None  # the HF (unpadded) vocabulary
     padded_vocab_size: Optional[int] = None
     tie_embeddings: bool = False
+    # Mixture-of-Experts (None: a dense MLP): routed experts, each expert's and the shared expert's hidden size
+    num_experts: Optional[int] = None
+    moe_ffn_hidden_size: Optional[int] = None
+    shared_expert_ffn_hidden_size: Optional[int] = None
 
 
 def padded_vocab_size(vocab_size: int, tp_size: int = 1, divisible_by: int = 128) -> int:
@@ -64,11 +68,19 @@ def dims_of(config) -> ModelDims:
         vocab_size=getattr(config, "vocab_size", None),
         padded_vocab_size=getattr(config, "padded_vocab_size", None),
         tie_embeddings=bool(getattr(config, "share_embeddings_and_output_weights", False)),
+        num_experts=getattr(config, "num_moe_experts", None),
+        moe_ffn_hidden_size=getattr(config, "moe_ffn_hidden_size", None),
+        shared_expert_ffn_hidden_size=getattr(config, "moe_shared_expert_intermediate_size", None),
     )
 
 
+# ``{}`` is the layer index, ``{e}`` the (global) expert index of a Mixture-of-Experts layer
+LAYER, EXPERT = "{}", "{e}"
+
+
 def _template_regex(template: str) -> re.Pattern:
-    return re.compile("^" + re.escape(template).replace(r"\{\}", r"(\d+)") + "$")
+    rx = re.escape(template).replace(re.escape(LAYER), r"(?P<layer>\d+)").replace(re.escape(EXPERT), r"(?P<expert>\d+)")
+    return re.compile("^" + rx + "$")
 
 
 _TABLES: dict[int, tuple] = {}
@@ -102,12 +114,17 @@ def _match(rx_list, name: str):
     for rx, template in rx_list:
         m = rx.match(name)
         if m:
-            return template, (m.group(1) if m.groups() else None)
+            return template, m.groupdict()
     return None, None
 
 
-def _fill(template: str, layer: Optional[str]) -> str:
-    return template.replace("{}", layer) if layer is not None else template
+def _fill(template: str, index: Optional[dict]) -> str:
+    """``template`` with its ``{}`` (layer) and ``{e}`` (expert) placeholders filled from ``index``."""
+    if not index:
+        return template
+    if index.get("expert") is not None:
+        template = template.replace(EXPERT, index["expert"])
+    return template.replace(LAYER, index["layer"]) if index.get("layer") is not None else template
 
 
 _RESOLVED: dict = {}
@@ -129,11 +146,11 @@ def _resolve(spec, name: str):
 
 def _resolve_uncached(spec, name: str):
     to_hf, mc_rx, _ = _tables(spec)
-    template, layer = _match(mc_rx, name)
+    template, index = _match(mc_rx, name)
     if template is None:
         raise ValueError(f"unknown parameter {name}")
     parts = to_hf[template]
-    return template, parts, [_fill(hf_t, layer) for _, hf_t in parts]
+    return template, parts, [_fill(hf_t, index) for _, hf_t in parts]
 
 
 def hf_sources(name: str, arch_spec, config=None) -> list[str]:
@@ -253,8 +270,14 @@ def mcore_names(arch_spec, config) -> list[str]:
     for template in to_hf:
         if template == "output_layer.weight" and dims.tie_embeddings:
             continue
-        if "{}" in template:
-            names += [template.replace("{}", str(i)) for i in range(dims.num_layers)]
+        if EXPERT in template:
+            if not dims.num_experts:
+                raise ValueError(f"architecture {spec.name} has experts ({template}) but the config has no "
+                                 "num_experts (num_moe_experts)")
+            names += [template.replace(LAYER, str(i)).replace(EXPERT, str(e))
+                      for i in range(dims.num_layers) for e in range(dims.num_experts)]
+        elif LAYER in template:
+            names += [template.replace(LAYER, str(i)) for i in range(dims.num_layers)]
         else:
             names.append(template)
     return names
@@ -352,8 +375,56 @@ def stage_names(full_names: list[str], num_layers: int, pp_size: int, pp_rank: i
     return out
 
 
-def to_global_name(local: str, layer_offset: int) -> str:
+def to_global_name(local: str, layer_offset: int, *, ep_rank: int = 0, num_local_experts: Optional[int] = None) -> str:
+    """Global name of a rank's parameter: layer ``i`` -> ``layer_offset + i``; with expert
+    parallelism (``num_local_experts`` given) local expert ``j`` of EP rank ``ep_rank`` ->
+    ``ep_rank * num_local_experts + j``."""
     m = _LAYER_RX.match(local)
     if not m:
         return local
-    return f"decoder.layers.{int(m.group(1)) + layer_offset}.{m.group(2)}"
+    rest = m.group(2)
+    if num_local_experts is not None:
+        rest = expert_global_name(rest, ep_rank, num_local_experts)
+    return f"decoder.layers.{int(m.group(1)) + layer_offset}.{rest}"
+
+
+# ---- expert parallelism -------------------------------------------------------------------
+# megatron's SequentialMLP holds experts as ``mlp.experts.local_experts.{j}``; with EP=ep and E
+# experts, EP rank r holds the E/ep experts ``r * E/ep + j`` (j < E/ep): expert e lives on EP rank
+# ``e // (E/ep)`` at local index ``e % (E/ep)`` (megatron's MoELayer ``local_expert_indices``).
+
+_EXPERT_RX = re.compile(r"^(.*\.local_experts\.)(\d+)(\..*)$")
+
+
+def expert_index(name: str) -> Optional[int]:
+    """The expert index in a ``...local_experts.{j}...`` name (None for a non-expert parameter)."""
+    m = _EXPERT_RX.match(name)
+    return int(m.group(2)) if m else None
+
+
+def expert_owner(expert: int, num_experts: int, ep_size: int) -> tuple[int, int]:
+    """(EP rank, local index) of global expert ``expert``."""
+    if num_experts % ep_size:
+        raise ValueError(f"num_experts={num_experts} does not divide over EP={ep_size}")
+    per = num_experts // ep_size
+    if not 0 <= expert < num_experts:
+        raise ValueError(f"expert {expert} is out of range for num_experts={num_experts}")
+    return expert // per, expert % per
+
+
+def expert_global_name(name: str, ep_rank: int, num_local_experts: int) -> str:
+    """``...local_experts.{j}...`` of EP rank ``ep_rank`` -> the global expert index."""
+    m = _EXPERT_RX.match(name)
+    if not m:
+        return name
+    return f"{m.group(1)}{ep_rank * num_local_experts + int(m.group(2))}{m.group(3)}"
+
+
+def expert_local_name(name: str, num_experts: int, ep_size: int) -> tuple[Optional[int], str]:
+    """(owning EP rank, name with the local expert index) of a global name; (None, name) for a
+    parameter every EP rank holds."""
+    m = _EXPERT_RX.match(name)
+    if not m:
+        return None, name
+    rank, local = expert_owner(int(m.group(2)), num_experts, ep_size)
+    return rank, f"{m.group(1)}{local}{m.group(3)}"

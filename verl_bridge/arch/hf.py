@@ -63,7 +63,9 @@ def arch_of_hf(hf) -> ArchSpec:
             return get_arch(n)
         except ValueError:
             continue
-    raise ValueError(f"no registered architecture for HF architectures={names}")
+    from verl_bridge.arch.moe import unsupported_hf_reason
+
+    raise ValueError(unsupported_hf_reason(names) or f"no registered architecture for HF architectures={names}")
 
 
 def _current_tp() -> tuple[int, int]:
@@ -71,6 +73,23 @@ def _current_tp() -> tuple[int, int]:
 
     ps = model_parallel_state()
     return (1, 0) if ps is None else (ps.tp_size, ps.tp_rank)
+
+
+def _current_ep() -> tuple[int, int]:
+    from verl_bridge.distributed.state import model_parallel_state
+
+    ps = model_parallel_state()
+    return (1, 0) if ps is None else (ps.ep_size, ps.ep_rank)
+
+
+def local_expert_count(model, ep_size: int) -> Optional[int]:
+    """Experts each EP rank holds (None for a dense model)."""
+    n = getattr(getattr(model, "config", None), "num_moe_experts", None)
+    if n is None:
+        return None
+    if n % ep_size:
+        raise ValueError(f"num_moe_experts={n} does not divide over EP={ep_size}")
+    return n // ep_size
 
 
 def hf_to_mcore_config(
@@ -94,7 +113,8 @@ def hf_to_mcore_config(
         tp_size = _current_tp()[0]
     gpt = dict(gpt)
     gpt["vocab_size"] = padded_vocab_size(hf.vocab_size, tp_size, make_vocab_size_divisible_by)
-    gpt["transformer_layer_spec"] = get_portable_gpt_layer_spec(tf["normalization"])
+    gpt["transformer_layer_spec"] = get_portable_gpt_layer_spec(
+        tf["normalization"], qk_layernorm=bool(tf.get("qk_layernorm", False)), num_experts=tf.get("num_moe_experts"))
     return tf, gpt, spec.name
 
 
@@ -112,6 +132,9 @@ def dims_from_hf(hf_dir_or_config, padded: Optional[int] = None) -> ModelDims:
         vocab_size=hf.vocab_size,
         padded_vocab_size=padded if padded is not None else hf.vocab_size,
         tie_embeddings=gpt["share_embeddings_and_output_weights"],
+        num_experts=tf.get("num_moe_experts"),
+        moe_ffn_hidden_size=tf.get("moe_ffn_hidden_size"),
+        shared_expert_ffn_hidden_size=tf.get("moe_shared_expert_intermediate_size"),
     )
 
 
@@ -162,7 +185,8 @@ def save_safetensors_dir(tensors: Mapping[str, torch.Tensor], config: dict, out_
 def load_hf_weights(model, hf_dir) -> None:
     """Copy this rank's TP/PP shard of the HF weights in *hf_dir* into a built ``GPTModel``.
 
-    TP rank/size come from megatron's parallel state (1/0 without it); the PP stage is read off
+    TP and EP rank/size come from megatron's parallel state (1/0 without it; EP rank r loads the
+    experts ``r * E/ep ...``, see :func:`verl_bridge.arch.convert.expert_owner`); the PP stage is read off
     the model itself (its first layer's global ``layer_number`` and pre/post_process), so a
     model built for any stage loads the right layers. Raises on any shape mismatch or missing
     tensor rather than leaving a parameter at its random init.
@@ -170,6 +194,8 @@ def load_hf_weights(model, hf_dir) -> None:
     hf = load_hf_config(hf_dir)
     spec = arch_of_hf(hf)
     tp_size, tp_rank = _current_tp()
+    ep_size, ep_rank = _current_ep()
+    n_local = local_expert_count(model, ep_size)
     padded = getattr(model, "vocab_size", None) or hf.vocab_size
     dims = dims_from_hf(hf, padded)
     layers = getattr(getattr(model, "decoder", None), "layers", None)
@@ -181,7 +207,7 @@ def load_hf_weights(model, hf_dir) -> None:
         for local, tensor in model.state_dict(keep_vars=True).items():
             if local.endswith("._extra_state") or tensor is None:
                 continue
-            name = to_global_name(local, offset)
+            name = to_global_name(local, offset, ep_rank=ep_rank, num_local_experts=n_local)
             if name == "output_layer.weight" and tie:
                 name = "embedding.word_embeddings.weight"  # last-stage copy of the tied embeddings
             full = hf_to_mcore(name, reader, spec, dims, extras=extras)
@@ -204,8 +230,10 @@ def build_gpt_model(tf_kwargs: dict, gpt_kwargs: dict, *, pre_process: bool = Tr
     from verl_bridge.distributed.state import model_parallel_state
 
     ps = model_parallel_state()
-    tp, pp = (1, 1) if ps is None else (ps.tp_size, ps.pp_size)
+    tp, pp, ep = (1, 1, 1) if ps is None else (ps.tp_size, ps.pp_size, ps.ep_size)
     tf = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, **tf_kwargs, **overrides}
+    if tf.get("num_moe_experts") is not None:  # experts split over megatron's EP group
+        tf.setdefault("expert_model_parallel_size", ep)
     if pp > 1 and tf.get("pipeline_dtype") is None:  # what pipeline schedules receive in (megatron requires it)
         tf["pipeline_dtype"] = tf.get("params_dtype", torch.float32)
     config = TransformerConfig(**tf)

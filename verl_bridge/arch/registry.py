@@ -2,7 +2,8 @@
 
 An :class:`~verl_bridge.arch.spec.ArchSpec` (in :mod:`.spec`, which the per-architecture modules
 import; only this module imports them) is data. ``from_hf`` maps a Hugging Face parameter name template to a
-megatron-core ``GPTModel`` name template (``{}`` is the layer index, torchtitan style):
+megatron-core ``GPTModel`` name template (``{}`` is the layer index, torchtitan style; ``{e}`` the
+global expert index of a Mixture-of-Experts layer):
 
 * ``"hf.name": "mcore.name"``              one tensor to one tensor,
 * ``"hf.name": ("mcore.name", "q")``       one part of a fused megatron tensor (``q``/``k``/``v`` of
@@ -25,18 +26,26 @@ from __future__ import annotations
 
 from typing import Union
 
-from verl_bridge.arch import llama, mistral, opt, qwen2
+from verl_bridge.arch import llama, mistral, mixtral, opt, qwen2, qwen2_moe, qwen3_moe
+from verl_bridge.arch.moe import MOE_ARCHS, unsupported_hf_reason, unsupported_mcore_features
 from verl_bridge.arch.spec import ArchSpec
 
 _REGISTRY: dict[str, ArchSpec] = {}
-_BUILTINS = ("qwen2", "mistral", "llama", "opt")  # detection order: most specific first
+# detection order: most specific first
+_BUILTINS = ("qwen2_moe", "qwen3_moe", "mixtral", "qwen2", "mistral", "llama", "opt")
 
 
 def _load_builtins() -> None:
     if all(n in _REGISTRY for n in _BUILTINS):
         return
-    for spec in (qwen2.QWEN2, mistral.MISTRAL, llama.LLAMA, opt.OPT):
+    for spec in (qwen2_moe.QWEN2_MOE, qwen3_moe.QWEN3_MOE, mixtral.MIXTRAL, qwen2.QWEN2, mistral.MISTRAL,
+                 llama.LLAMA, opt.OPT):
         _REGISTRY.setdefault(spec.name, spec)
+
+
+def spec_has_experts(spec: ArchSpec) -> bool:
+    """Whether the spec maps Mixture-of-Experts tensors (a ``{e}`` expert placeholder in its map)."""
+    return any("{e}" in (t if isinstance(t, str) else t[0]) for t in spec.from_hf.values() if t is not None)
 
 
 def register_architecture(name: str, spec: ArchSpec) -> ArchSpec:
@@ -61,6 +70,9 @@ def get_arch(name_or_spec: Union[str, ArchSpec]) -> ArchSpec:
     for spec in _REGISTRY.values():
         if name_or_spec in spec.hf_architectures or name_or_spec == spec.hf_model_type:
             return spec
+    reason = unsupported_hf_reason([name_or_spec])
+    if reason:
+        raise ValueError(reason)
     raise ValueError(
         f"unknown architecture {name_or_spec!r}; known: {', '.join(sorted(_REGISTRY))} "
         "(register a new one with verl_bridge.arch.register_architecture)"
@@ -87,7 +99,16 @@ def _features_of(obj) -> dict:
         "add_qkv_bias": getattr(config, "add_qkv_bias", None),
         "add_bias_linear": getattr(config, "add_bias_linear", None),
         "num_query_groups": getattr(config, "num_query_groups", None),
+        "qk_layernorm": getattr(config, "qk_layernorm", None),
     }
+    if hasattr(config, "num_moe_experts"):  # Mixture-of-Experts: what tells the MoE maps apart
+        moe = config.num_moe_experts is not None
+        feats["moe"] = moe
+        if moe:
+            shared = getattr(config, "moe_shared_expert_intermediate_size", None) is not None
+            feats.update(moe_shared_expert=shared,
+                         moe_shared_expert_gate=bool(getattr(config, "moe_shared_expert_gate", False)) and shared,
+                         moe_router_pre_softmax=bool(getattr(config, "moe_router_pre_softmax", False)))
     if model is not None:
         feats["position_embedding_type"] = getattr(model, "position_embedding_type", None)
         feats["share_embeddings_and_output_weights"] = getattr(model, "share_embeddings_and_output_weights", None)
@@ -112,6 +133,12 @@ def detect_architecture(model_or_config) -> str:
     ``add_bias_linear``, ``position_embedding_type`` and, where a spec lists it, ``rotary_base``.
     Llama and Mistral share one weight layout; Mistral is chosen only when ``rotary_base`` is
     1e6 (Mistral v0.2+), otherwise Llama (the exported weights are identical either way).
+
+    Mixture-of-Experts (``num_moe_experts`` set): only maps with experts (a ``{e}`` placeholder)
+    match, told apart by shared expert, its gate, q/k norm, QKV bias and the router's
+    renormalisation; MoE features no built-in map covers (see :mod:`verl_bridge.arch.moe`) raise
+    ``ValueError`` naming them, and so do HF architectures known to be outside the maps
+    (DeepSeek-V3, GLM-4.5, ...).
     """
     archs = getattr(model_or_config, "architectures", None)
     if archs or isinstance(getattr(model_or_config, "model_type", None), str):
@@ -120,9 +147,18 @@ def detect_architecture(model_or_config) -> str:
                 return get_arch(a).name
             except ValueError:
                 continue
-        raise ValueError(f"no registered architecture for HF architectures={archs}")
+        raise ValueError(unsupported_hf_reason(archs or []) or f"no registered architecture for HF architectures={archs}")
     feats = _features_of(model_or_config)
+    config = getattr(model_or_config, "config", model_or_config)
+    unsupported = unsupported_mcore_features(config) if feats.get("moe") else []
     for spec in all_archs():
+        if spec.name in _BUILTINS and unsupported:  # custom maps had their turn: a built-in one would
+            # convert this model's tensors but not its maths
+            raise ValueError("this Mixture-of-Experts model uses " + "; ".join(unsupported)
+                             + f", which the MoE maps ({', '.join(MOE_ARCHS)}) do not cover. Register an "
+                             "architecture for it with verl_bridge.arch.register_architecture.")
+        if feats.get("moe") is not None and feats["moe"] != spec_has_experts(spec):
+            continue  # a dense map never matches an MoE model, nor an MoE map a dense one
         ok = True
         for key, want in spec.features.items():
             have = feats.get(key)

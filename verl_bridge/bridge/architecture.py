@@ -24,8 +24,19 @@ from typing import Optional
 import torch
 
 
+def _ep_layout(model: torch.nn.Module) -> tuple[int, int, Optional[int]]:
+    """(EP size, EP rank, experts per EP rank or None for a dense model) from megatron's parallel state."""
+    from verl_bridge.arch.hf import local_expert_count
+    from verl_bridge.distributed.state import model_parallel_state
+
+    ps = model_parallel_state()
+    ep_size, ep_rank = (1, 0) if ps is None else (ps.ep_size, ps.ep_rank)
+    return ep_size, ep_rank, local_expert_count(model, ep_size)
+
+
 def _model_names(model: torch.nn.Module) -> list[str]:
-    """Parameter names with global layer indices (a PP stage's local layer i -> offset + i)."""
+    """Parameter names with global layer indices (a PP stage's local layer i -> offset + i) and
+    global expert indices (EP rank r's local expert j -> r * E/ep + j)."""
     from verl_bridge.arch.convert import to_global_name
 
     offset = 0
@@ -33,14 +44,20 @@ def _model_names(model: torch.nn.Module) -> list[str]:
     layers = getattr(decoder, "layers", None)
     if layers is not None and len(layers) and hasattr(layers[0], "layer_number"):
         offset = layers[0].layer_number - 1  # megatron numbers layers from 1, globally
-    return [to_global_name(n, offset) for n, _ in model.named_parameters()]
+    _, ep_rank, n_local = _ep_layout(model)
+    return [to_global_name(n, offset, ep_rank=ep_rank, num_local_experts=n_local) for n, _ in model.named_parameters()]
 
 
 def resolve_architecture(model: torch.nn.Module, arch: Optional[str] = None) -> str:
     """Name of *model*'s registered architecture, after checking its name map covers the model.
 
     *arch* skips detection (checks the given map instead). Raises ``ValueError`` naming the first
-    uncovered parameter (and how many more), or map entries the model lacks.
+    uncovered parameter (and how many more), or map entries the model lacks. Mixture-of-Experts
+    models (megatron's ``MoELayer``: router, ``SequentialMLP`` experts, shared experts) match the
+    Mixtral / Qwen2-MoE / Qwen3-MoE maps; what those maps do not cover (multi-latent attention,
+    grouped top-k, sigmoid scores, expert bias, ...) is named in the error (see
+    :mod:`verl_bridge.arch.moe`). Under expert parallelism the rank's experts are checked by their
+    global indices.
     """
     from verl_bridge.arch import detect_architecture, get_arch, mcore_names
     from verl_bridge.arch.convert import hf_sources
@@ -60,8 +77,12 @@ def resolve_architecture(model: torch.nn.Module, arch: Optional[str] = None) -> 
         raise ValueError(f"parameter {uncovered[0]} is not covered by the name map of architecture "
                          f"'{name}'{more}; add it to the map registered with register_architecture")
     pp_stage = len(getattr(getattr(model, "decoder", None), "layers", [])) != model.config.num_layers
-    if not pp_stage:  # a whole model: every map entry must exist too
-        expected = set(mcore_names(spec, _dims_config(model)))
+    if not pp_stage:  # a whole model: every map entry must exist too (this EP rank's experts)
+        from verl_bridge.arch.convert import expert_index
+
+        ep_size, ep_rank, n_local = _ep_layout(model)
+        expected = {n for n in mcore_names(spec, _dims_config(model))
+                    if n_local is None or expert_index(n) is None or expert_index(n) // n_local == ep_rank}
         missing = sorted(expected - set(have))
         if missing:
             raise ValueError(f"the name map of architecture '{name}' has {missing[0]}"
@@ -77,5 +98,5 @@ def _dims_config(model):
     cfg = model.config
     return SimpleNamespace(**{k: getattr(cfg, k) for k in (
         "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
-        "ffn_hidden_size", "gated_linear_unit")},
+        "ffn_hidden_size", "gated_linear_unit", "num_moe_experts")},
         share_embeddings_and_output_weights=bool(getattr(model, "share_embeddings_and_output_weights", False)))

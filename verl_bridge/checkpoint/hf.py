@@ -33,7 +33,15 @@ from typing import Optional
 import torch
 
 from verl_bridge.arch import get_arch, hf_to_mcore, mcore_names, mcore_to_hf, merge_tp, shard_for_tp
-from verl_bridge.arch.convert import ModelDims, padded_vocab_size, pp_layer_range, stage_names, to_global_name
+from verl_bridge.arch.convert import (
+    ModelDims,
+    expert_index,
+    expert_local_name,
+    padded_vocab_size,
+    pp_layer_range,
+    stage_names,
+    to_global_name,
+)
 from verl_bridge.arch.hf import SafetensorsDir, dims_from_hf, load_hf_config, save_safetensors_dir
 from verl_bridge.checkpoint.layout import LEGACY_FILE, iter_dir, rank_dir_name
 from verl_bridge.checkpoint.megatron import CHECKPOINT_VERSION, begin, latest_valid_iteration, publish, validate_iteration
@@ -41,11 +49,35 @@ from verl_bridge.checkpoint.safe_load import CheckpointError, safe_load
 from verl_bridge.checkpoint.torch_dist import is_torch_dist_dir
 
 
-def make_args(hf, arch: str, tp: int, pp: int, padded: int) -> argparse.Namespace:
-    """Megatron-LM-style ``args`` for an HF model (the fields Megatron-LM's checks read)."""
+# Megatron-LM's MoE args (``num_experts`` is TransformerConfig's ``num_moe_experts``)
+MOE_ARG_KEYS = ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
+                "moe_router_pre_softmax", "moe_router_score_function", "moe_aux_loss_coeff",
+                "moe_router_load_balancing_type", "moe_token_dispatcher_type", "moe_grouped_gemm")
+
+
+def moe_args(tf: dict, ep: int = 1) -> dict:
+    """Megatron-LM args of the MoE fields in TransformerConfig kwargs (``num_experts`` None: dense)."""
+    if tf.get("num_moe_experts") is None:
+        return {"num_experts": None}
+    return {"num_experts": tf["num_moe_experts"], "expert_model_parallel_size": ep,
+            **{k: tf[k] for k in MOE_ARG_KEYS if k in tf}}
+
+
+def mcore_moe_kwargs(args) -> dict:
+    """TransformerConfig MoE kwargs from Megatron-LM args (empty for a dense model)."""
+    if getattr(args, "num_experts", None) is None:
+        return {}
+    return {"num_moe_experts": args.num_experts, "moe_grouped_gemm": False,
+            **{k: getattr(args, k) for k in MOE_ARG_KEYS if getattr(args, k, None) is not None and k != "moe_grouped_gemm"}}
+
+
+def make_args(hf, arch: str, tp: int, pp: int, padded: int, ep: int = 1) -> argparse.Namespace:
+    """Megatron-LM-style ``args`` for an HF model (the fields Megatron-LM's checks read; MoE fields
+    under Megatron-LM's names, ``expert_model_parallel_size`` = ``ep``)."""
     spec = get_arch(arch)
     tf, gpt = spec.mcore_config(hf)
     return argparse.Namespace(
+        **moe_args(tf, ep), qk_layernorm=bool(tf.get("qk_layernorm", False)),
         num_layers=tf["num_layers"], hidden_size=tf["hidden_size"], ffn_hidden_size=tf["ffn_hidden_size"],
         num_attention_heads=tf["num_attention_heads"], kv_channels=tf["kv_channels"],
         group_query_attention=tf["num_query_groups"] != tf["num_attention_heads"],
@@ -73,6 +105,9 @@ def _dims_from_args(args, vocab_size: Optional[int]) -> ModelDims:
         ffn_hidden_size=args.ffn_hidden_size, gated_linear_unit=bool(getattr(args, "swiglu", False)),
         vocab_size=vocab_size, padded_vocab_size=getattr(args, "padded_vocab_size", None),
         tie_embeddings=not getattr(args, "untie_embeddings_and_output_weights", False),
+        num_experts=getattr(args, "num_experts", None),
+        moe_ffn_hidden_size=getattr(args, "moe_ffn_hidden_size", None),
+        shared_expert_ffn_hidden_size=getattr(args, "moe_shared_expert_intermediate_size", None),
     )
 
 
@@ -84,6 +119,8 @@ def _arch_from_args(args) -> str:
         add_qkv_bias=bool(getattr(args, "add_qkv_bias", False)), add_bias_linear=bool(getattr(args, "add_bias_linear", True)),
         position_embedding_type=getattr(args, "position_embedding_type", "learned_absolute"),
         rotary_base=getattr(args, "rotary_base", None), num_query_groups=getattr(args, "num_query_groups", None),
+        qk_layernorm=bool(getattr(args, "qk_layernorm", False)), num_moe_experts=getattr(args, "num_experts", None),
+        **{k: getattr(args, k) for k in MOE_ARG_KEYS if hasattr(args, k)},
     )
     return detect_architecture(ns)
 
@@ -103,15 +140,24 @@ def expected_mcore_shape(name: str, dims: ModelDims) -> Optional[tuple]:
     """The full (TP=1) shape a megatron GPTModel with *dims* gives parameter *name* (None: not checked)."""
     h, hd = dims.hidden_size, dims.head_dim
     qkv = (dims.num_attention_heads + 2 * dims.num_query_groups) * hd
-    fc1 = dims.ffn_hidden_size * (2 if dims.gated_linear_unit else 1)
+    ffn = dims.ffn_hidden_size
+    if ".local_experts." in name:
+        ffn = dims.moe_ffn_hidden_size or ffn
+    elif ".shared_experts." in name:
+        ffn = dims.shared_expert_ffn_hidden_size or ffn
+    fc1 = ffn * (2 if dims.gated_linear_unit else 1)
     leaf = name.rsplit(".", 2)
     tail = ".".join(leaf[-2:])
+    if tail == "router.weight":
+        return (dims.num_experts, h)
+    if tail == "shared_experts.gate_weight":
+        return (1, h)
     table = {
         "word_embeddings.weight": (dims.padded_vocab_size, h), "output_layer.weight": (dims.padded_vocab_size, h),
         "linear_qkv.weight": (qkv, h), "linear_qkv.bias": (qkv,), "linear_qkv.layer_norm_weight": (h,),
         "linear_qkv.layer_norm_bias": (h,), "linear_proj.weight": (h, dims.num_attention_heads * hd),
         "linear_proj.bias": (h,), "linear_fc1.weight": (fc1, h), "linear_fc1.bias": (fc1,),
-        "linear_fc1.layer_norm_weight": (h,), "linear_fc1.layer_norm_bias": (h,), "linear_fc2.weight": (h, dims.ffn_hidden_size),
+        "linear_fc1.layer_norm_weight": (h,), "linear_fc1.layer_norm_bias": (h,), "linear_fc2.weight": (h, ffn),
         "linear_fc2.bias": (h,), "input_layernorm.weight": (h,), "input_layernorm.bias": (h,),
         "pre_mlp_layernorm.weight": (h,), "pre_mlp_layernorm.bias": (h,), "final_layernorm.weight": (h,),
         "final_layernorm.bias": (h,), "q_layernorm.weight": (hd,), "k_layernorm.weight": (hd,),
@@ -168,8 +214,14 @@ def read_hf_input(hf_dir):
     return hf, reader
 
 
-def import_hf(hf_dir, out_dir, *, tp: int = 1, pp: int = 1, fmt: str = "legacy", iteration: int = 0) -> Path:
+def import_hf(hf_dir, out_dir, *, tp: int = 1, pp: int = 1, fmt: str = "legacy", iteration: int = 0,
+              ep: int = 1) -> Path:
     """Write the HF model in *hf_dir* as a Megatron checkpoint (TP=*tp*, PP=*pp*) under *out_dir*.
+
+    Mixture-of-Experts models: ``ep`` > 1 writes the legacy layout per EP rank
+    (``mp_rank_TT[_PPP]_EEE``, Megatron-LM's names), EP rank ``r`` holding the experts
+    ``r * E/ep ...`` under their local indices; torch_dist stores experts by global index
+    (any EP loads it), so there ``ep`` only goes into ``args``.
 
     Everything is read and checked before anything is written: a config.json that is not JSON,
     unreadable safetensors files and tensors whose shapes contradict the config raise
@@ -187,7 +239,11 @@ def import_hf(hf_dir, out_dir, *, tp: int = 1, pp: int = 1, fmt: str = "legacy",
         raise ValueError(f"TP={tp} does not divide num_query_groups={dims.num_query_groups} "
                          f"/ num_attention_heads={dims.num_attention_heads}")
     pp_layer_range(dims.num_layers, pp, 0)  # raises when PP does not divide the layers
-    args = make_args(hf, spec.name, tp, pp, padded)
+    if ep > 1 and not dims.num_experts:
+        raise ValueError(f"--ep={ep} needs a Mixture-of-Experts model; {spec.name} has no experts")
+    if dims.num_experts and dims.num_experts % ep:
+        raise ValueError(f"EP={ep} does not divide num_experts={dims.num_experts}")
+    args = make_args(hf, spec.name, tp, pp, padded, ep)
     extras: dict = {}
     config_path = Path(hf_dir) / "config.json"
     try:
@@ -211,17 +267,22 @@ def import_hf(hf_dir, out_dir, *, tp: int = 1, pp: int = 1, fmt: str = "legacy",
         if last and pp > 1 and dims.tie_embeddings:  # last stage keeps a copy of the tied embeddings
             names["embedding.word_embeddings.weight#out"] = "output_layer.weight"
         for tp_rank in range(tp):
-            model = {}
-            for g, local in names.items():
-                src = g.split("#")[0]
-                model[local] = shard_for_tp(src, full[src], tp, tp_rank, dims).clone()
-            for n in _extra_state_names(list(model), last):
-                model[n] = None
-            state = {"model": model, "args": args, "checkpoint_version": CHECKPOINT_VERSION,
-                     "iteration": iteration, "verl_bridge": meta}
-            path = tmp / rank_dir_name(tp_rank, pp_rank, pp) / LEGACY_FILE
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(state, path)
+            for ep_rank in range(ep):
+                model = {}
+                for g, local in names.items():
+                    src = g.split("#")[0]
+                    if expert_index(src) is not None:
+                        owner, local = expert_local_name(local, dims.num_experts, ep)
+                        if owner != ep_rank:
+                            continue  # another EP rank's expert
+                    model[local] = shard_for_tp(src, full[src], tp, tp_rank, dims).clone()
+                for n in _extra_state_names(list(model), last):
+                    model[n] = None
+                state = {"model": model, "args": args, "checkpoint_version": CHECKPOINT_VERSION,
+                         "iteration": iteration, "verl_bridge": meta}
+                path = tmp / rank_dir_name(tp_rank, pp_rank, pp, ep_rank, ep) / LEGACY_FILE
+                path.parent.mkdir(parents=True, exist_ok=True)
+                torch.save(state, path)
     return publish(out_dir, tmp, iteration)
 
 
@@ -271,13 +332,16 @@ def _full_tp1_model(args, arch: str):
               kv_channels=args.kv_channels, ffn_hidden_size=args.ffn_hidden_size, normalization=args.normalization,
               layernorm_epsilon=args.norm_epsilon, gated_linear_unit=args.swiglu,
               activation_func=act[getattr(args, "hf_activation", "silu" if args.swiglu else "gelu")],
-              add_bias_linear=args.add_bias_linear, add_qkv_bias=args.add_qkv_bias)
+              add_bias_linear=args.add_bias_linear, add_qkv_bias=args.add_qkv_bias,
+              qk_layernorm=bool(getattr(args, "qk_layernorm", False)), **mcore_moe_kwargs(args))
     gpt = dict(vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
                position_embedding_type=args.position_embedding_type, rotary_base=args.rotary_base,
                share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-               transformer_layer_spec=get_portable_gpt_layer_spec(args.normalization))
+               transformer_layer_spec=get_portable_gpt_layer_spec(
+                   args.normalization, qk_layernorm=tf["qk_layernorm"], num_experts=tf.get("num_moe_experts")))
     del spec
-    return build_gpt_model(tf, gpt, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    return build_gpt_model(tf, gpt, tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
+                           **({"expert_model_parallel_size": 1} if tf.get("num_moe_experts") else {}))
 
 
 def _import_torch_dist(hf_dir, out_dir, args, meta, iteration, full) -> Path:
@@ -297,12 +361,27 @@ def _import_torch_dist(hf_dir, out_dir, args, meta, iteration, full) -> Path:
 
 # ---- export -------------------------------------------------------------------------------
 
-def _rank_files(d: Path) -> dict[tuple[int, int], Path]:
-    out = {}
+def _rank_files_ep(d: Path) -> dict[tuple[int, int, int], Path]:
+    """(tp, pp, ep) -> file of a legacy checkpoint (``mp_rank_TT[_PPP][_EEE]``), once the first file's
+    args say whether the suffixes are pipeline or expert ranks (as Megatron-LM reads them)."""
+    names = {}
     for rd in d.iterdir():
-        m = re.match(r"^mp_rank_(\d+)(?:_(\d+))?$", rd.name)
+        m = re.match(r"^mp_rank_(\d+)((?:_\d+){0,2})$", rd.name)
         if m and (rd / LEGACY_FILE).is_file():
-            out[(int(m.group(1)), int(m.group(2) or 0))] = rd / LEGACY_FILE
+            names[(int(m.group(1)),) + tuple(int(x) for x in m.group(2).split("_")[1:])] = rd / LEGACY_FILE
+    if not names:
+        return {}
+    args = safe_load(names[min(names)]).get("args")
+    pp = getattr(args, "pipeline_model_parallel_size", 1) or 1
+    ep = (getattr(args, "expert_model_parallel_size", 1) or 1) if getattr(args, "num_experts", None) else 1
+    out = {}
+    for key, path in names.items():
+        parts = list(key[1:])
+        p = parts.pop(0) if pp > 1 and parts else 0
+        e = parts.pop(0) if ep > 1 and parts else 0
+        if parts:
+            raise CheckpointError(f"{path.parent.name}: unexpected rank directory for PP={pp}, EP={ep}")
+        out[(key[0], p, e)] = path
     return out
 
 
@@ -329,25 +408,31 @@ def read_full_megatron(src_dir, iteration=None) -> tuple[dict, argparse.Namespac
             full = {k: v.detach().clone() for k, v in model.state_dict().items()
                     if not k.endswith("._extra_state") and v is not None}
         return full, args, meta
-    files = _rank_files(d)
+    files = _rank_files_ep(d)
     if not files:
         raise CheckpointError(f"{d} holds neither a legacy (mp_rank_*) nor a torch_dist checkpoint")
-    tp = 1 + max(t for t, _ in files)
-    pp = 1 + max(p for _, p in files)
+    tp = 1 + max(t for t, _, _ in files)
+    pp = 1 + max(p for _, p, _ in files)
+    ep = 1 + max(e for _, _, e in files)
     states = {k: safe_load(v) for k, v in files.items()}
-    args = states[(0, 0)]["args"]
-    meta = states[(0, 0)].get("verl_bridge", {})
+    args = states[(0, 0, 0)]["args"]
+    meta = states[(0, 0, 0)].get("verl_bridge", {})
     per_stage = args.num_layers // pp
+    n_local = args.num_experts // ep if getattr(args, "num_experts", None) else None
     tie = not getattr(args, "untie_embeddings_and_output_weights", False)
+    gated = argparse.Namespace(gated_linear_unit=bool(getattr(args, "swiglu", False)))
     full: dict = {}
     for p in range(pp):
-        names = [n for n, t in states[(0, p)]["model"].items() if t is not None and not n.endswith("._extra_state")]
-        for local in names:
-            if local == "output_layer.weight" and tie:
-                continue  # the last stage's copy of the tied embeddings
-            g = to_global_name(local, p * per_stage)
-            shards = [states[(t, p)]["model"][local] for t in range(tp)]
-            full[g] = merge_tp(g, shards, argparse.Namespace(gated_linear_unit=bool(getattr(args, "swiglu", False))))
+        for e in range(ep):
+            names = [n for n, t in states[(0, p, e)]["model"].items()
+                     if t is not None and not n.endswith("._extra_state")]
+            for local in names:
+                if local == "output_layer.weight" and tie:
+                    continue  # the last stage's copy of the tied embeddings
+                if e > 0 and expert_index(local) is None:
+                    continue  # replicated over EP ranks: taken from EP rank 0
+                g = to_global_name(local, p * per_stage, ep_rank=e, num_local_experts=n_local)
+                full[g] = merge_tp(g, [states[(t, p, e)]["model"][local] for t in range(tp)], gated)
     return full, args, meta
 
 
@@ -358,7 +443,12 @@ def _describe(args, vocab_size: int) -> dict:
                 head_dim=getattr(args, "kv_channels", None) or args.hidden_size // args.num_attention_heads,
                 ffn_hidden_size=args.ffn_hidden_size, vocab_size=vocab_size,
                 max_position_embeddings=args.max_position_embeddings, norm_eps=getattr(args, "norm_epsilon", 1e-5),
-                rotary_base=getattr(args, "rotary_base", 10000), tie_embeddings=not args.untie_embeddings_and_output_weights)
+                rotary_base=getattr(args, "rotary_base", 10000), tie_embeddings=not args.untie_embeddings_and_output_weights,
+                num_experts=getattr(args, "num_experts", None), moe_router_topk=getattr(args, "moe_router_topk", None),
+                moe_ffn_hidden_size=getattr(args, "moe_ffn_hidden_size", None),
+                shared_expert_ffn_hidden_size=getattr(args, "moe_shared_expert_intermediate_size", None),
+                moe_router_pre_softmax=bool(getattr(args, "moe_router_pre_softmax", False)),
+                moe_aux_loss_coeff=getattr(args, "moe_aux_loss_coeff", 0.0))
 
 
 def export_hf(src_dir, out_dir, *, iteration=None, arch: Optional[str] = None, vocab_size: Optional[int] = None) -> Path:

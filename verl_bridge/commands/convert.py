@@ -24,11 +24,17 @@ class BadInput(click.ClickException):
               show_default=True, help="Megatron layout to write (with --to megatron).")
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size to shard for.")
 @click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel size to shard for.")
+@click.option("--ep", type=int, default=1, show_default=True,
+              help="Expert-parallel size to shard a Mixture-of-Experts model for (with --to megatron; legacy layout: "
+                   "one mp_rank_TT[_PPP]_EEE directory per EP rank). Megatron -> HF reads it from the checkpoint.")
 @click.option("--iteration", type=int, default=None, help="Megatron iteration to export (default: newest valid).")
-def convert(src, dst, to, fmt, tp, pp, iteration):
-    """Convert SRC (HF safetensors dir or Megatron save dir) into DST."""
-    if tp < 1 or pp < 1:
-        raise click.UsageError(f"--tp={tp} and --pp={pp} must be >= 1")
+def convert(src, dst, to, fmt, tp, pp, ep, iteration):
+    """Convert SRC (HF safetensors dir or Megatron save dir) into DST.
+
+    Architectures: Llama, Qwen2, Mistral, OPT, and the Mixture-of-Experts Mixtral, Qwen2-MoE and
+    Qwen3-MoE (experts split over --ep ranks)."""
+    if tp < 1 or pp < 1 or ep < 1:
+        raise click.UsageError(f"--tp={tp}, --pp={pp} and --ep={ep} must be >= 1")
     from pathlib import Path
 
     from verl_bridge.checkpoint.safe_load import CheckpointError
@@ -37,8 +43,8 @@ def convert(src, dst, to, fmt, tp, pp, iteration):
         if to == "megatron":
             from verl_bridge.checkpoint.hf import import_hf
 
-            out = import_hf(src, dst, tp=tp, pp=pp, fmt=fmt)
-            click.echo(f"wrote Megatron {fmt} checkpoint (TP={tp}, PP={pp}) to {out}")
+            out = import_hf(src, dst, tp=tp, pp=pp, fmt=fmt, ep=ep)
+            click.echo(f"wrote Megatron {fmt} checkpoint (TP={tp}, PP={pp}{f', EP={ep}' if ep > 1 else ''}) to {out}")
         else:
             from verl_bridge.checkpoint.hf import export_hf
 

@@ -29,6 +29,8 @@ class ModelParallelState:
     ep_size: int = 1  # expert parallelism (MoE): megatron's expert_model_parallel_size
     ep_rank: int = 0
     edp_rank: int = 0  # rank in the expert-data-parallel group (ranks holding the same experts)
+    ep_group: Any = field(default=None, compare=False, repr=False)  # megatron's expert-model-parallel group
+    etp_size: int = 1  # expert tensor parallelism (megatron's expert_tensor_parallel_size)
 
 
 def model_parallel_state() -> Optional[ModelParallelState]:
@@ -51,4 +53,6 @@ def model_parallel_state() -> Optional[ModelParallelState]:
         model_parallel_group=mpu.get_model_parallel_group(),
         ep_size=mpu.get_expert_model_parallel_world_size(), ep_rank=mpu.get_expert_model_parallel_rank(),
         edp_rank=mpu.get_expert_data_parallel_rank(),
+        ep_group=mpu.get_expert_model_parallel_group(),
+        etp_size=mpu.get_expert_tensor_parallel_world_size(),
     )

@@ -76,12 +76,13 @@ class Layout:
     dp: int
     sp: bool
     distributed_optimizer: bool
+    ep: int = 1  # expert parallelism (MoE): experts split over ep ranks of the data-parallel ranks
 
 
 def layout_of(cfg, world: int) -> Layout:
     ta = cfg.trainer.args
     return Layout(world, ta.tp_size, ta.pp_size, world // (ta.tp_size * ta.pp_size), bool(ta.sequence_parallel),
-                  bool(ta.use_distributed_optimizer))
+                  bool(ta.use_distributed_optimizer), int(getattr(ta, "ep_size", 1) or 1))
 
 
 def stage_layers(num_layers: int, pp: int, stage: int) -> int:
@@ -89,11 +90,33 @@ def stage_layers(num_layers: int, pp: int, stage: int) -> int:
     return base + (1 if stage < extra else 0)
 
 
-def layer_params_per_rank(s: ModelShape, tp: int) -> int:
+def expert_params_per_rank(s: ModelShape, tp: int, ep: int = 1) -> int:
+    """One MoE layer's routed-expert parameters on one rank: the E experts divided over EP, each
+    expert's matrices over TP (megatron's default expert TP = TP)."""
+    if not s.is_moe:
+        return 0
+    if s.num_experts % ep:
+        raise ValueError(f"EP={ep} does not divide num_experts={s.num_experts}")
+    f = s.moe_ffn_hidden_size
+    return s.num_experts // ep * (3 * f * s.hidden_size // tp)
+
+
+def layer_params_per_rank(s: ModelShape, tp: int, ep: int = 1) -> int:
+    """One layer's parameters on one rank: attention and dense MLP over TP; experts over EP x TP;
+    router and norms replicated."""
     h, hd = s.hidden_size, s.head_dim
     qkv = (s.num_attention_heads + 2 * s.num_query_groups) * hd
     up = s.ffn_hidden_size * (2 if s.gated_mlp else 1)
-    n = h * qkv // tp + s.num_attention_heads * hd * h // tp + h * up // tp + s.ffn_hidden_size * h // tp
+    n = h * qkv // tp + s.num_attention_heads * hd * h // tp
+    if s.is_moe:
+        n += expert_params_per_rank(s, tp, ep) + s.num_experts * h  # experts + router
+        sf = s.shared_expert_ffn_hidden_size
+        n += 3 * sf * h // tp + (h if s.shared_expert_gate else 0)
+        up = 0
+    else:
+        n += h * up // tp + s.ffn_hidden_size * h // tp
+    if s.qk_norm:
+        n += 2 * hd
     if s.linear_bias or s.qkv_bias:
         n += qkv // tp  # column-parallel
     if s.linear_bias:
@@ -102,11 +125,11 @@ def layer_params_per_rank(s: ModelShape, tp: int) -> int:
     return n
 
 
-def stage_params_per_rank(s: ModelShape, tp: int, pp: int, stage: int, value_head: bool = False) -> int:
-    """Parameters held by one rank of pipeline stage ``stage`` (0-based)."""
+def stage_params_per_rank(s: ModelShape, tp: int, pp: int, stage: int, value_head: bool = False, ep: int = 1) -> int:
+    """Parameters held by one rank of pipeline stage ``stage`` (0-based); MoE experts divided over ``ep``."""
     h = s.hidden_size
     vocab = padded_vocab(s.vocab_size, tp, s.vocab_divisible_by)
-    n = stage_layers(s.num_layers, pp, stage) * layer_params_per_rank(s, tp)
+    n = stage_layers(s.num_layers, pp, stage) * layer_params_per_rank(s, tp, ep)
     if stage == 0:
         n += vocab // tp * h
         if s.learned_positions:
@@ -227,8 +250,12 @@ def _estimate(cfg, shape: ModelShape, lay: Layout, seq: int, rollout_samples: in
         else:
             kind = f"PP stages 1..{lay.pp - 2} (middle)"
         r = RankEstimate(kind=kind, stage=st)
-        p = stage_params_per_rank(shape, lay.tp, lay.pp, st)
-        r.roles["actor"] = _trained(p, pbytes, lay.dp, lay.distributed_optimizer)
+        p = stage_params_per_rank(shape, lay.tp, lay.pp, st, ep=lay.ep)
+        # experts: their optimizer state is sharded over the expert-data-parallel ranks (DP / EP)
+        pe = stage_layers(shape.num_layers, lay.pp, st) * expert_params_per_rank(shape, lay.tp, lay.ep)
+        dense = _trained(p - pe, pbytes, lay.dp, lay.distributed_optimizer)
+        experts = _trained(pe, pbytes, max(lay.dp // lay.ep, 1), lay.distributed_optimizer)
+        r.roles["actor"] = {k: dense[k] + experts[k] for k in dense}
         if has_ref:
             r.roles["reference"] = {"params": 0.0 if ref_offload else float(p * pbytes)}
         if cfg.model.critic is not None:
@@ -277,6 +304,12 @@ def plan_memory(cfg, world: int, shape: ModelShape, shape_source: str, device_by
     if lay.dp > 1 and lay.distributed_optimizer:
         notes.append("optimizer state is divided by DP as Megatron's distributed optimizer does; this build's "
                      "TorchOptimizer does not shard it yet (verl_bridge/runtime/optimizer.py)")
+    if shape.is_moe:
+        pe = expert_params_per_rank(shape, lay.tp, lay.ep)
+        notes.append(f"experts: {shape.num_experts} per layer (top-{shape.moe_topk}), {shape.num_experts // lay.ep} on "
+                     f"each rank (EP={lay.ep}), {fmt_count(pe * shape.num_layers)} expert parameters per rank of "
+                     f"{fmt_count(total_params(shape))} in all; attention and shared experts divided over TP={lay.tp}, "
+                     "routers replicated; activations are counted as for a dense layer")
     if cfg.model.critic is not None and cfg.model.critic.type == "huggingface":
         notes.append("the Hugging Face critic is replicated on every rank (no TP/PP sharding, optimizer not sharded)")
     notes.append(replica_note(cfg, lay, ranks[0], world))
@@ -364,7 +397,8 @@ def memory_table(plan: MemoryPlan) -> list[str]:
              f"{plan.shape.ffn_hidden_size}, vocab {plan.shape.vocab_size}, max pos "
              f"{plan.shape.max_position_embeddings}; {fmt_count(total_params(plan.shape))} params "
              f"(from {plan.shape_source})",
-             f"memory/rank     TP={lay.tp} PP={lay.pp} DP={lay.dp} SP={lay.sp} distributed optimizer="
+             f"memory/rank     TP={lay.tp} PP={lay.pp} DP={lay.dp}{' EP=%d' % lay.ep if lay.ep > 1 else ''} "
+             f"SP={lay.sp} distributed optimizer="
              f"{lay.distributed_optimizer}; sequence {plan.seq}, {plan.micro_batches} micro-batch(es) per step"]
     for r in plan.ranks:
         lines.append(f"  {r.kind}:")

@@ -31,10 +31,23 @@ class ModelShape:
     learned_positions: bool = False  # absolute position table (OPT, GPT-2) rather than RoPE
     vocab_divisible_by: int = 128  # Megatron pads the vocabulary to a multiple of this * TP (tiny preset: 1)
     position_offset: int = 0  # extra rows of the HF position table (OPT: 2)
+    # Mixture-of-Experts (num_experts 0: dense): every layer's MLP is E routed SwiGLU experts of
+    # moe_ffn_hidden_size (plus a shared expert, with a sigmoid gate where shared_expert_gate)
+    num_experts: int = 0
+    moe_ffn_hidden_size: int = 0
+    moe_topk: int = 0
+    shared_expert_ffn_hidden_size: int = 0
+    shared_expert_gate: bool = False
+    qk_norm: bool = False  # per-head RMSNorm on queries and keys (Qwen3)
+    kv_channels: int = 0  # head dimension when it is not hidden / heads (Qwen3); 0: hidden / heads
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -57,7 +70,19 @@ BUILTIN_SHAPES: dict[str, ModelShape] = {
     "qwen2.5-0.5b": ModelShape("qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936, 32768, gated_mlp=True,
                                tied_embeddings=True, qkv_bias=True),
     "qwen2.5-7b": ModelShape("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 32768, gated_mlp=True, qkv_bias=True),
+    # Mixture-of-Experts: 46,702,792,704 parameters (Mixtral-8x7B), 30,532,122,624 (Qwen3-30B-A3B),
+    # 14,315,784,192 (Qwen1.5-MoE-A2.7B)
+    "mixtral-8x7b": ModelShape("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, gated_mlp=True, num_experts=8,
+                               moe_ffn_hidden_size=14336, moe_topk=2),
+    "qwen3-30b-a3b": ModelShape("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, 40960, gated_mlp=True,
+                                num_experts=128, moe_ffn_hidden_size=768, moe_topk=8, qk_norm=True, kv_channels=128),
+    "qwen1.5-moe-a2.7b": ModelShape("qwen1.5-moe-a2.7b", 24, 2048, 16, 16, 5632, 151936, 8192, gated_mlp=True,
+                                    qkv_bias=True, num_experts=60, moe_ffn_hidden_size=1408, moe_topk=4,
+                                    shared_expert_ffn_hidden_size=5632, shared_expert_gate=True),
 }
+
+# MoE model types whose layers the shapes here cannot describe (see verl_bridge.arch.moe)
+_UNSUPPORTED_MOE_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe", "gpt_oss", "qwen3_next", "llama4")
 
 
 class ShapeError(ValueError):
@@ -87,6 +112,19 @@ def shape_from_hf_config(cfg: dict, name: str = "hf") -> ModelShape:
                           linear_bias=bool(cfg.get("enable_bias", True)), norm_bias=True, learned_positions=True,
                           position_offset=2 if mt == "opt" else 0)
     act = str(cfg.get("hidden_act", "silu"))
+    if mt in _UNSUPPORTED_MOE_TYPES:
+        raise ShapeError(f"{name}: model_type {mt!r} (MLA / grouped routing / dense first layers) is not a layout the "
+                         "planner describes; the MoE shapes cover Mixtral, Qwen2-MoE and Qwen3-MoE")
+    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+    moe = {}
+    if experts:
+        moe = dict(num_experts=experts, moe_topk=int(get("num_experts_per_tok")),
+                   moe_ffn_hidden_size=int(get("moe_intermediate_size", "intermediate_size")),
+                   shared_expert_ffn_hidden_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+                   shared_expert_gate=bool(cfg.get("shared_expert_intermediate_size")),
+                   qk_norm=mt == "qwen3_moe")
+    head_dim = cfg.get("head_dim")
+    kv_channels = int(head_dim) if head_dim and int(head_dim) != hidden // heads else 0
     return ModelShape(
         name, layers, hidden, heads, int(get("num_key_value_heads", default=heads)),
         int(get("intermediate_size", "ffn_dim", default=4 * hidden)), int(get("vocab_size")),
@@ -95,6 +133,7 @@ def shape_from_hf_config(cfg: dict, name: str = "hf") -> ModelShape:
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         linear_bias=bool(cfg.get("mlp_bias", False)) and bool(cfg.get("attention_bias", False)),
         qkv_bias=mt.startswith("qwen2") or bool(cfg.get("attention_bias", False)),
+        kv_channels=kv_channels, **moe,
     )
 
 
@@ -184,15 +223,33 @@ def stream_entries(shape: ModelShape, tp: int = 1) -> list[tuple[str, int, list[
     layer.append(("pre_mlp_norm.weight", h, [h]))
     if s.norm_bias:
         layer.append(("pre_mlp_norm.bias", h, [h]))
-    fc1 = [ffn * h, ffn * h] if s.gated_mlp else [ffn * h]
-    layer.append(("linear_fc1.weight", sum(fc1), fc1))
-    if s.linear_bias:
-        layer.append(("linear_fc1.bias", ffn * len(fc1), [ffn] * len(fc1)))
-    layer.append(("linear_fc2.weight", ffn * h, [ffn * h]))
-    if s.linear_bias:
-        layer.append(("linear_fc2.bias", h, [h]))
+    if s.qk_norm:
+        layer += [("q_layernorm.weight", hd, [hd]), ("k_layernorm.weight", hd, [hd])]
+    if s.is_moe:  # router, then each expert's gated fc1 and fc2 (all experts: the exporter gathers them over EP)
+        f = s.moe_ffn_hidden_size
+        layer.append(("router.weight", s.num_experts * h, [s.num_experts * h]))
+        layer += [("experts.{e}.linear_fc1.weight", 2 * f * h, [f * h, f * h]),
+                  ("experts.{e}.linear_fc2.weight", f * h, [f * h])]
+        if s.shared_expert_ffn_hidden_size:
+            sf = s.shared_expert_ffn_hidden_size
+            layer += [("shared_experts.linear_fc1.weight", 2 * sf * h, [sf * h, sf * h]),
+                      ("shared_experts.linear_fc2.weight", sf * h, [sf * h])]
+            if s.shared_expert_gate:
+                layer.append(("shared_experts.gate_weight", h, [h]))
+    else:
+        fc1 = [ffn * h, ffn * h] if s.gated_mlp else [ffn * h]
+        layer.append(("linear_fc1.weight", sum(fc1), fc1))
+        if s.linear_bias:
+            layer.append(("linear_fc1.bias", ffn * len(fc1), [ffn] * len(fc1)))
+        layer.append(("linear_fc2.weight", ffn * h, [ffn * h]))
+        if s.linear_bias:
+            layer.append(("linear_fc2.bias", h, [h]))
     for name, full, pieces in layer:
-        out += [(f"layers.{i}.{name}", full, pieces) for i in range(L)]
+        if "{e}" in name:  # one tensor per expert of every layer
+            out += [(f"layers.{i}.{name.replace('{e}', str(e))}", full, pieces)
+                    for i in range(L) for e in range(s.num_experts)]
+        else:
+            out += [(f"layers.{i}.{name}", full, pieces) for i in range(L)]
     out.append(("final_norm.weight", h, [h]))
     if s.norm_bias:
         out.append(("final_norm.bias", h, [h]))

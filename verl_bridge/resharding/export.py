@@ -48,6 +48,16 @@ Memory: the two buffers, each about ``max(bucket_bytes, F)`` (the gather buffer 
 vocabulary padding and TP copies of replicated tensors), kept between syncs until :meth:`reset`.
 ``coalesce=False`` keeps the per-tensor path (one broadcast and one all-gather per parameter).
 
+Mixture-of-Experts. Experts stream under their HF names with global expert indices (Mixtral's
+``block_sparse_moe.experts.{e}.w1``, Qwen's ``mlp.experts.{e}.gate_proj``, ...). Under expert
+parallelism (EP > 1) each rank holds ``E/ep`` experts (expert ``e`` on EP rank ``e // (E/ep)``): per
+expert tensor, its EP rank broadcasts it over megatron's expert-model-parallel group (within the
+owning pipeline stage), then the PP broadcast and the TP all-gather run as for any tensor (expert
+TP = TP). At EP > 1 the bucketed stream takes the coalesced path (the fast path is for EP = 1), where
+each unit's section holds, per owning stage, the experts of each EP rank as one run: one broadcast
+per (EP rank, run) over the EP group, before the PP broadcasts and the TP all-gather; the stream
+is the same as the per-tensor path's, name for name and bit for bit.
+
 Yielded tensors may alias the model's parameters (zero copy) and must be treated as read-only;
 clone them to keep them past the next training step. A yielded bucket list is emptied when the
 consumer asks for the next one (so that a ``for bucket in ...`` loop does not keep two buckets
@@ -60,7 +70,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Optional, Union
 
 import torch
@@ -75,6 +85,7 @@ from verl_bridge.arch.convert import (
     mcore_names,
     mcore_to_hf,
     mcore_to_hf_parts,
+    expert_index,
     merge_tp,
     to_global_name,
     tp_split_dim,
@@ -171,6 +182,15 @@ def _parallel_state():
     if ps is None:
         return 1, 0, None, 1, 0, None, [0]
     return ps.tp_size, ps.tp_rank, ps.tp_group, ps.pp_size, ps.pp_rank, ps.pp_group, list(ps.pp_ranks)
+
+
+def _ep_state():
+    """(ep_size, ep_rank, ep_group, global ranks of the EP group, expert TP size); (1, 0, None, [0], 1)
+    without megatron's groups."""
+    ps = model_parallel_state()
+    if ps is None or ps.ep_size == 1:
+        return 1, 0, None, [0], 1 if ps is None else ps.etp_size
+    return ps.ep_size, ps.ep_rank, ps.ep_group, list(dist.get_process_group_ranks(ps.ep_group)), ps.etp_size
 
 
 def assign_buckets(entries: list[tuple[int, list[int]]], bucket_bytes: int) -> list[list[tuple[int, int]]]:
@@ -308,6 +328,7 @@ class _Unit:
     bcasts: list  # (section view, global source rank)
     gathers: list  # (buffer view [tp * L], own section view [L])
     buckets: list  # _PlannedBucket-like: (items, copies, recompute, nbytes)
+    ep_bcasts: list = field(default_factory=list)  # (section view, global source rank): experts over EP, first
 
 
 class _CoalescedPlan:
@@ -320,6 +341,7 @@ class _CoalescedPlan:
 
     def __init__(self, ex: "WeightExporter", local: dict, meta: dict, ps, device):
         tp, tp_rank, _, pp, pp_rank, _, pp_ranks = ps
+        _, ep_rank, _, ep_ranks, _ = _ep_state()
         self.tp = tp
         dims_r = replace(ex.dims, num_attention_heads=ex.dims.num_attention_heads // tp,
                          num_query_groups=ex.dims.num_query_groups // tp, vocab_size=None)
@@ -348,7 +370,8 @@ class _CoalescedPlan:
         # layouts: per unit and dtype, parameters ordered by owning stage, then stream order
         layouts, g_numel = [], {}
         for ub in units:
-            params = sorted({i for b in ub for i, _ in b}, key=lambda i: (info[i][1], i))
+            params = sorted({i for b in ub for i, _ in b},
+                            key=lambda i: (info[i][1], ex._ep_owner.get(info[i][0], -1), i))
             lay: dict = {}  # dtype -> [section length, [(parameter index, offset)]]
             for i in params:
                 slot = lay.setdefault(info[i][3], [0, []])
@@ -364,18 +387,20 @@ class _CoalescedPlan:
         for ub, lay in zip(units, layouts):
             where = {}
             pack: dict = {}
-            bcasts, gathers = [], []
+            bcasts, gathers, ep_bcasts = [], [], []
             for dt, (length, placed) in lay.items():
                 g2 = self.gbuf[dt][: tp * length].view(tp, length)
                 own = g2[tp_rank]
                 if tp > 1:
                     gathers.append((g2.view(-1), own))
                 runs: list = []  # (owner, start, end)
+                ep_runs: list = []  # (EP owner, start, end) of this stage's experts
                 for i, off in placed:
                     name, owner, shape, _, _, _, _ = info[i]
                     n = math.prod(shape)
                     where[i] = (g2, off, n)
-                    if owner == pp_rank:
+                    q = ex._ep_owner.get(name)
+                    if owner == pp_rank and q in (None, ep_rank):
                         d, s = pack.setdefault(local[name].dtype, ([], []))
                         d.append(own[off:off + n].view(shape))
                         s.append(local[name])
@@ -383,6 +408,12 @@ class _CoalescedPlan:
                         runs[-1][2] = off + n
                     else:
                         runs.append([owner, off, off + n])
+                    if q is not None and owner == pp_rank:
+                        if ep_runs and ep_runs[-1][0] == q and ep_runs[-1][2] == off:
+                            ep_runs[-1][2] = off + n
+                        else:
+                            ep_runs.append([q, off, off + n])
+                ep_bcasts += [(own[a:b], ep_ranks[q]) for q, a, b in ep_runs]
                 if pp > 1:
                     bcasts += [(own[a:b], pp_ranks[o]) for o, a, b in runs]
             planned = []
@@ -428,12 +459,12 @@ class _CoalescedPlan:
                 for dt, used in o_used.items():
                     o_numel[dt] = max(o_numel.get(dt, 0), used)
                 planned.append((items, copies, recompute, nbytes))
-            pending_units.append((pack, bcasts, gathers, planned))
+            pending_units.append((pack, bcasts, gathers, planned, ep_bcasts))
         self.obuf = {dt: torch.empty(n, dtype=dt, device=device) for dt, n in o_numel.items()}
         self.peak_extra_bytes = sum(_nbytes(t) for t in (*self.gbuf.values(), *self.obuf.values()))
         # second pass: destination views in the out buffer, batched per (dtype pair)
         self.units: list[_Unit] = []
-        for pack, bcasts, gathers, planned in pending_units:
+        for pack, bcasts, gathers, planned, ep_bcasts in pending_units:
             bks = []
             for items, copies, recompute, nbytes in planned:
                 items = list(items)
@@ -460,7 +491,7 @@ class _CoalescedPlan:
                         gd.append(d)
                         gs.append(s)
                 bks.append(_PlannedBucket(items, list(groups.values()), recompute, nbytes))
-            self.units.append(_Unit([tuple(v) for v in pack.values()], bcasts, gathers, bks))
+            self.units.append(_Unit([tuple(v) for v in pack.values()], bcasts, gathers, bks, ep_bcasts))
 
 
 class WeightExporter:
@@ -514,6 +545,7 @@ class WeightExporter:
         self.hf_extras = hf_extras
         self.stats = ExportStats()
         self._meta: Optional[dict] = None  # global name -> (owner pp rank, shard shape, dtype)
+        self._ep_owner: dict[str, int] = {}  # expert name -> the EP rank holding it (expert parallelism)
         self._plan: Optional[_Plan] = None  # the TP=1 / PP=1 fast path (see the module docstring)
         self._plan_key = None
         self._cplan: Optional[_CoalescedPlan] = None  # the coalesced general path
@@ -535,13 +567,15 @@ class WeightExporter:
         """Global megatron name -> this rank's (TP-shard) tensor, over all chunks."""
         known = set(self.order)
         local: dict[str, torch.Tensor] = {}
+        ep_size, ep_rank = _ep_state()[:2]
+        n_local = self.dims.num_experts // ep_size if self.dims.num_experts else None
         for chunk in self.chunks:
             layers = getattr(getattr(chunk, "decoder", None), "layers", None)
             offset = (layers[0].layer_number - 1) if layers is not None and len(layers) else 0
             for lname, t in chunk.state_dict(keep_vars=True).items():
                 if lname.endswith("._extra_state") or t is None:
                     continue
-                g = local_spec_name(to_global_name(lname, offset))
+                g = local_spec_name(to_global_name(lname, offset, ep_rank=ep_rank, num_local_experts=n_local))
                 if g == "output_layer.weight" and self.dims.tie_embeddings:
                     continue  # the last stage's copy of the tied embeddings
                 if g not in known:
@@ -586,6 +620,22 @@ class WeightExporter:
                 if g in meta:
                     raise ValueError(f"{g} is held by pipeline stages {meta[g][0]} and {p}")
                 meta[g] = (p, shape, dt)
+        ep_size, ep_rank, ep_group, _, etp_size = _ep_state()
+        self._ep_owner: dict[str, int] = {}
+        if ep_size > 1:  # experts: each EP rank of a stage holds its own; the rest of the model is replicated
+            tp_size = _parallel_state()[0]
+            if etp_size != tp_size:
+                raise ValueError(f"exporting experts with expert_tensor_parallel_size={etp_size} != TP={tp_size} "
+                                 "is not supported; use the default expert TP (= TP)")
+            per_ep: list = [None] * ep_size
+            dist.all_gather_object(per_ep, {g: v for g, v in meta.items() if expert_index(g) is not None},
+                                   group=ep_group)
+            for q, entries in enumerate(per_ep):
+                for g, v in entries.items():
+                    if g in self._ep_owner and self._ep_owner[g] != q:
+                        raise ValueError(f"{g} is held by EP ranks {self._ep_owner[g]} and {q}")
+                    self._ep_owner[g] = q
+                    meta[g] = v
         missing = [g for g in self.order if g not in meta]
         if missing:
             raise ValueError(f"no pipeline stage holds {missing[:5]}{' ...' if len(missing) > 5 else ''}")
@@ -601,13 +651,17 @@ class WeightExporter:
         tp_size, tp_rank, tp_group, pp_size, pp_rank, pp_group, pp_ranks = ps
         owner, shape, dt = meta[name]
         dt = self.dtype or dt
-        if owner == pp_rank:
+        ep_owner = self._ep_owner.get(name)
+        ep_size, ep_rank, ep_group, ep_ranks, _ = _ep_state()
+        if owner == pp_rank and (ep_owner is None or ep_owner == ep_rank):
             shard = local[name]
             if shard.dtype != dt:
                 shard = shard.to(dt)
             shard = shard.contiguous()
         else:
             shard = torch.empty(shape, dtype=dt, device=self._device)
+        if ep_owner is not None and owner == pp_rank:  # an expert: its EP rank sends it to the stage's others
+            dist.broadcast(shard, src=ep_ranks[ep_owner], group=ep_group)
         if pp_size > 1:
             dist.broadcast(shard, src=pp_ranks[owner], group=pp_group)
         if tp_size > 1 and tp_split_dim(name) is not None:
@@ -644,7 +698,9 @@ class WeightExporter:
         meta = self._metadata()
         local, model_ptrs = self._cached_local()
         self._device = next(iter(local.values())).device if local else torch.device("cpu")
-        if bucketed and self.fast_path and ps[0] == 1 and ps[3] == 1 and isinstance(self._local_key, tuple):
+        ep_size = _ep_state()[0]
+        if bucketed and self.fast_path and ps[0] == 1 and ps[3] == 1 and ep_size == 1 \
+                and isinstance(self._local_key, tuple):
             yield from self._stream_planned(local, start)
             return
         if bucketed and self.coalesce:
@@ -746,6 +802,7 @@ class WeightExporter:
 
     def _stream_coalesced(self, local, meta, ps, start: float) -> Iterator[list[tuple[str, torch.Tensor]]]:
         tp_size, tp_rank, tp_group, pp_size, pp_rank, pp_group, _ = ps
+        ep_group = _ep_state()[2]
         key = (self._local_key, tp_size, tp_rank, pp_size, pp_rank, self.bucket_bytes, self.dtype)
         if self._cplan is None or self._cplan_key != key or not isinstance(self._local_key, tuple):
             self._cplan = None  # free the old buffers before the new ones are allocated
@@ -760,6 +817,8 @@ class WeightExporter:
         for u in plan.units:
             for dsts, srcs in u.pack:  # this rank's shards into its section, one batched copy per dtype
                 torch._foreach_copy_(dsts, srcs)
+            for view, src in u.ep_bcasts:  # experts: each EP rank's run of its experts, within the stage
+                dist.broadcast(view, src=src, group=ep_group)
             for view, src in u.bcasts:  # one broadcast per owning stage
                 dist.broadcast(view, src=src, group=pp_group)
             for out, own in u.gathers:  # one all-gather of the whole section per dtype
