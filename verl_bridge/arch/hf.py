@@ -236,6 +236,12 @@ def build_gpt_model(tf_kwargs: dict, gpt_kwargs: dict, *, pre_process: bool = Tr
         tf.setdefault("expert_model_parallel_size", ep)
     if pp > 1 and tf.get("pipeline_dtype") is None:  # what pipeline schedules receive in (megatron requires it)
         tf["pipeline_dtype"] = tf.get("params_dtype", torch.float32)
+    if tf.get("moe_shared_expert_gate") and "moe_shared_expert_gate" not in TransformerConfig.__dataclass_fields__:
+        from verl_bridge.compat.mcore_versions import mcore_version
+
+        raise ValueError(f"megatron-core {'.'.join(map(str, mcore_version()))} has no moe_shared_expert_gate "
+                         "(checked: 0.16.1 and 0.19.2 have it, 0.13.1 not): a gated shared expert (Qwen2-MoE) "
+                         "needs a newer megatron-core")
     config = TransformerConfig(**tf)
     gpt_kwargs = dict(gpt_kwargs)
     if "transformer_layer_spec" in gpt_kwargs:  # sequence parallel: an SP-capable final norm

@@ -114,7 +114,8 @@ def moe_tf_kwargs(hf, *, ffn: int, shared: Optional[int] = None, renormalize: bo
         moe_router_pre_softmax=not renormalize,
         moe_router_score_function="softmax",
         moe_shared_expert_intermediate_size=shared,
-        moe_shared_expert_gate=shared is not None,
+        # a config field from megatron-core 0.16 on (checked: absent in 0.13.1, a layer-spec param there)
+        **({"moe_shared_expert_gate": True} if shared is not None else {}),
         moe_aux_loss_coeff=float(getattr(hf, "router_aux_loss_coef", 0.0) or 0.0),
         moe_router_load_balancing_type="aux_loss",
         moe_token_dispatcher_type="allgather",
