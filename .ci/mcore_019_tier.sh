@@ -40,6 +40,9 @@ EXTRA_TESTS=(
   tests/layout/test_seed_run.py                               # the seed template's run: TP=2 x PP=2 x SP, HF critic, 2 rollout workers
   tests/runtime/test_moe.py                                   # MoE: EP=2 update == EP=1, routing replay, refusals
   tests/runtime/test_packing.py                               # dynamic batching: packed == padded (TP=1; TP=2 x SP x PP=2)
+  tests/arch/test_moe_convert.py                              # MoE HF <-> megatron: bit-exact round trip, logits parity at EP=1 and EP=2
+  tests/checkpoint/test_moe_convert_cli.py                    # verl-bridge convert --ep 2 both ways
+  tests/runtime/test_moe_hf_actor.py                          # an HF Qwen2-MoE directory as the actor at EP=2
 )
 # -----------------------------------------------------------------------------------------------
 
