@@ -44,8 +44,9 @@ class _ParentStdio:
 def _attach_stdio(out, err):
     for wrapper, fd in ((out, 1), (err, 2)):
         new = wrapper.detach()
-        os.dup2(new, fd)
-        os.close(new)
+        if new != fd:  # spawn passes the fd under its own number; the fork server sends a new one
+            os.dup2(new, fd)
+            os.close(new)
 
 
 def _worker(rank, world_size, port, fn, args, queue, environ, cwd, stdio=None):

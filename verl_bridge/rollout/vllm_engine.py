@@ -450,8 +450,14 @@ class VllmEngine:
         from verl_bridge.resharding.export import WeightExporter
 
         if getattr(self, "_weight_exporter", None) is None:  # tests may build the engine without __init__
+            # coalesce=False: the coalesced general path (TP>1 / PP>1) hands out views of output
+            # buffers it reuses for the next bucket and sync; fed into vLLM at actor TP=2 -> vLLM TP=1
+            # the sync probe failed (max log-prob diff 0.61; tests/vllm/test_vllm_rollout.py), while
+            # the per-tensor path, whose tensors are fresh, passes. The two streams are bit-identical
+            # when copied out (checked), so vLLM's CPU loader keeping a view is the suspect; until
+            # that is pinned down vLLM gets the per-tensor path (TP=1 / PP=1 still takes the fast path)
             self._weight_exporter = WeightExporter(self.actor, bucket_bytes=int(self.cfg.bucket_mb) << 20,
-                                                   vocab_size=self.vocab_size)
+                                                   vocab_size=self.vocab_size, coalesce=False)
         return self._weight_exporter
 
     def sync_weights(self) -> None:
