@@ -41,16 +41,14 @@ BUILTINS = {"len", "list", "tuple", "zip", "abs", "max", "min", "range", "sum", 
             "sorted", "all", "any", "True", "False", "None", "print", "isinstance", "round"}
 BASELINE_RE = re.compile(r"\.(mean|sum|nanmean)\(|np\.(mean|sum)|torch\.(mean|sum)|mean|baseline|sum", re.I)
 
-RUNNER = r'''
+SANDBOX_PRELUDE = r'''
 import json, sys, math, itertools, socket, os, tempfile
 # no file can be written here (RLIMIT_FSIZE 0), so tempfile's probe of a writable directory fails;
 # libraries that ask for it at import (dill, which torch imports where installed) get the cwd instead
 tempfile.tempdir = os.getcwd()
 import numpy as np
-spec = json.loads(sys.stdin.read())
-if spec["torch"]:
-    import torch
-    import torch.nn.functional as F
+import torch
+import torch.nn.functional as F
 import builtins, io, os
 _real_open = builtins.open
 def _read_only_open(file, mode="r", *a, **k):
@@ -71,6 +69,10 @@ def _no_net(*a, **k):
     raise OSError("network disabled in the verl-bridge probe")
 socket.socket = _NoNet
 socket.create_connection = _no_net
+'''
+
+RUNNER = r'''
+spec = json.loads(sys.stdin.read())
 class R(float):
     """A reward: every attribute or item of it is itself (episode.reward, item["reward"])."""
     def __getattr__(self, k):
@@ -559,6 +561,14 @@ def _pure(value) -> bool:
 def run_blocks(blocks: list, timeout: float = 60.0) -> Optional[list]:
     """Run the extracted blocks in a sandboxed subprocess; the list of matches per block, or None."""
     spec = {"blocks": blocks, "torch": any(b["torch"] for b in blocks)}
+    return run_sandboxed(RUNNER, spec, timeout)
+
+
+def run_sandboxed(runner: str, spec: dict, timeout: float = 60.0):
+    """Run *runner* (a script reading *spec* as JSON on stdin and printing JSON last) in the sandbox:
+    isolated interpreter, temporary cwd, CPU/file-size/memory limits, writes, os calls and sockets
+    disabled; its JSON answer, or None."""
+    runner = SANDBOX_PRELUDE + runner
 
     def limits():
         import resource
@@ -576,7 +586,7 @@ def run_blocks(blocks: list, timeout: float = 60.0) -> Optional[list]:
         env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
                "CUDA_VISIBLE_DEVICES": ""}
         try:
-            p = subprocess.run([sys.executable, "-I", "-c", RUNNER], input=json.dumps(spec), capture_output=True,
+            p = subprocess.run([sys.executable, "-I", "-c", runner], input=json.dumps(spec), capture_output=True,
                                text=True, cwd=tmp, env=env, timeout=timeout, preexec_fn=limits)
         except (subprocess.TimeoutExpired, OSError):
             return None
