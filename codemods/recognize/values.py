@@ -8,6 +8,7 @@ import re
 import libcst as cst
 
 from .._static import Known, walk
+from .base import _call_arg, _kwarg, _last
 
 
 CLIPPING_RE = re.compile(r"clip_grad_norm|clip_grad_value|max_grad_norm|gradient_clipping|grad_clip|clip_grad|"
@@ -62,6 +63,11 @@ class ValuesMixin:
                             if isinstance(v, Known) and isinstance(v.value, int) and not isinstance(v.value, bool):
                                 self.emit("algorithm.group_size", v, "the group size")
                                 break
+        # prompts per step: a random draw of k prompts in the loop body that feeds the rollout
+        if "data.rollout_batch_size" not in self.a.config:
+            k = self.random_draw_size(loop, scope)
+            if k is not None:
+                self.emit("data.rollout_batch_size", k, "the prompts drawn per step")
         # prompts per step: the DataLoader the loop iterates
         if isinstance(loop, cst.For):
             it = loop.iter
@@ -73,6 +79,33 @@ class ValuesMixin:
                     bs = _kwarg(exprs[0], "batch_size")
                     if bs is not None and "data.rollout_batch_size" not in self.a.config:
                         self.emit("data.rollout_batch_size", self.p.ev(bs, scope), "the prompts per step")
+
+    def random_draw_size(self, loop, scope):
+        """k of ``idx = torch.randperm(n)[:k]`` / ``np.random.permutation(n)[:k]`` / ``random.sample(xs, k)``
+        / ``rng.choice(n, k, replace=False)`` run once per iteration of *loop* (not in an inner loop or a
+        branch) when what it draws reaches the rollout call; None otherwise."""
+        body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else []
+        gen_calls = [n for n in walk(loop.body) if isinstance(n, cst.Call) and
+                     ("gen" in self.call_tags(n) or (lambda t: t is not None and "gen" in self.reach(t[0].node))(
+                         self.p.resolve_callee(n, self.p.func_of(n))))]
+        for i, st in enumerate(body):
+            if not isinstance(st, cst.SimpleStatementLine) or not isinstance(st.body[0], cst.Assign):
+                continue
+            a = st.body[0]
+            if len(a.targets) != 1 or not isinstance(a.targets[0].target, cst.Name):
+                continue
+            k = _draw_count(a.value, self.qn)
+            if k is None:
+                continue
+            # what it draws, and names computed from it, reach the rollout call
+            names = {a.targets[0].target.value}
+            for later in body[i + 1:]:
+                for n in walk(later):
+                    if isinstance(n, cst.Assign) and {x.value for x in walk(n.value) if isinstance(x, cst.Name)} & names:
+                        names |= {x.value for t in n.targets for x in walk(t.target) if isinstance(x, cst.Name)}
+            if any({x.value for x in walk(c) if isinstance(x, cst.Name)} & names for c in gen_calls):
+                return self.p.ev(k, scope)
+        return None
 
     def drop_role_conflicts(self) -> None:
         """A GAE coefficient reported as certain while a flag / field / constant NAMED for that role,
@@ -284,3 +317,23 @@ class ValuesMixin:
                 return False
             child = anc
         return False
+
+
+def _draw_count(value, qn):
+    """The count node of a random draw without replacement, or None."""
+    if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Call) and len(value.slice) == 1:
+        inner, sl = value.value, value.slice[0].slice
+        if (_last(inner.func) or "") in ("randperm", "permutation") and isinstance(sl, cst.Slice) and \
+                sl.lower is None and sl.step is None and sl.upper is not None:
+            return sl.upper
+    if isinstance(value, cst.Call):
+        last = _last(value.func) or ""
+        qs = qn(value.func)
+        if last == "sample" and any(q.startswith("random.") for q in qs) and len(value.args) >= 2:
+            return value.args[1].value
+        if last == "choice":
+            rep = _kwarg(value, "replace")
+            size = _call_arg(value, 1, "size")
+            if rep is not None and isinstance(rep, cst.Name) and rep.value == "False" and size is not None:
+                return size
+    return None
