@@ -35,7 +35,7 @@ PURE_CALLS = {"mean", "std", "var", "sum", "view", "reshape", "unsqueeze", "sque
               "repeat", "repeat_interleave", "sub", "div", "mul", "add", "keepdim", "values", "items", "keys", "append",
               "extend", "mean_", "nanmean", "nanstd", "full_like", "unflatten", "transpose", "t", "enumerate", "int",
               "clamp", "clip", "where", "norm", "maximum", "minimum", "dict", "sorted", "isclose", "all", "any",
-              "contiguous", "type_as", "double", "half", "bfloat16"}
+              "contiguous", "type_as", "double", "half", "bfloat16", "Tensor", "FloatTensor"}
 MODULE_ALIASES = {"np", "numpy", "torch", "math", "F", "nn"}
 BUILTINS = {"len", "list", "tuple", "zip", "abs", "max", "min", "range", "sum", "float", "int", "enumerate", "dict",
             "sorted", "all", "any", "True", "False", "None", "print", "isinstance", "round"}
@@ -81,6 +81,13 @@ class R(float):
         return self
     def __getitem__(self, k):
         return self
+class RA(float):
+    """A reward whose attributes are itself (episode.reward) but which is no sequence, so that
+    torch.tensor([e.reward for e in group]) sees plain numbers."""
+    def __getattr__(self, k):
+        if k.startswith("__"):
+            raise AttributeError(k)
+        return self
 B, G = 3, 4
 class NS:
     """A settings object: every attribute is the group size (args.group_size, cfg.num_generations)."""
@@ -95,7 +102,9 @@ def forms():
     if spec["torch"]:
         yield "t1", torch.tensor(REW), "flat"
         yield "t2", torch.tensor(REW).view(B, G), "rows"
+    yield "alist", [RA(x) for x in REW], "flat"
     yield "glist", [R(x) for x in REW[:G]], "group"
+    yield "galist", [RA(x) for x in REW[:G]], "group"
     yield "gnp", np.array(REW[:G]), "group"
     if spec["torch"]:
         yield "gt", torch.tensor(REW[:G]), "group"
@@ -245,6 +254,9 @@ class ProbeMixin:
             b = self._probe_block(node, info)
             if b is not None:
                 blocks.append((node, b))
+                # inputs that are parameters or names of the enclosing function: computed at the call site
+                for cb in self._compose_outward(b, info):
+                    blocks.append((node, cb))
         if not blocks:
             self.probe_note = ("the blocks centring rewards depend on code that cannot be run in isolation "
                                f"({self.loc(self.p.line(sites[0][0]))})")
@@ -305,7 +317,7 @@ class ProbeMixin:
             for n in walk(f.node.body):
                 if isinstance(n, cst.FunctionDef):
                     continue
-                if not isinstance(n, (cst.Assign, cst.AugAssign)):
+                if not isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign)) or n.value is None:
                     continue
                 v = n.value
                 centred = any(isinstance(b, cst.BinaryOperation) and isinstance(b.operator, cst.Subtract)
@@ -313,6 +325,115 @@ class ProbeMixin:
                 if centred:
                     out.append((n, f))
         return out
+
+    def _compose_outward(self, b: dict, info) -> list:
+        """Blocks whose inputs are the callee's parameters (or names of the enclosing function of a
+        nested one) rebuilt from where they are computed: the call site's argument expressions and the
+        pure assignments behind them (one level of assignments), so
+        ``compute_loss(r, r.mean(-1), r.std(-1))`` probes as a whole. A parameter bound by a comprehension
+        or loop over a collection (``[f(e) for e in group]``) runs the block once per element."""
+        out = []
+        if info is None:
+            return out
+        params = [n for n in b["inputs"] if n in info.params]
+        closure = [n for n in b["inputs"] if n not in info.params]
+        if closure and info.parent is not None:
+            outer = info.parent
+        else:
+            outer = None
+            closure = []
+        if not params and not closure:
+            return out
+        sites = self.p.calls_by_callee().get(info.qual, [])[:4] if params else [(None, outer, 0)]
+        for call, caller, offset in sites:
+            if params and call is None:
+                continue
+            pre, loop_over, ok = [], None, True
+            defined: set = set()
+            for nm in params:
+                idx = info.params[nm][0]
+                arg = self.p._arg_for(call, idx, nm, offset) if call is not None else None
+                if arg is None or arg == "star":
+                    ok = False
+                    break
+                comp = self._comprehension_target(call, arg)
+                if comp is not None:
+                    loop_over = (nm, _code(comp))
+                    continue
+                if not _pure(arg):
+                    ok = False
+                    break
+                pre.append((nm, _code(arg), _loads(arg)))
+            if not ok:
+                continue
+            scope = caller if params else outer
+            names = {n for _, _, ld in pre for n in ld} | set(closure)
+            if loop_over is not None:
+                names |= set(_loads(cst.parse_expression(loop_over[1])))
+            lines = []
+            for nm in sorted(names - BUILTINS - MODULE_ALIASES):
+                exprs = [e for e in self.p.assignments_of(nm, scope) if e is not None] if scope is not None else []
+                pure = [e for e in exprs if _pure(e) and nm not in _loads(e)]
+                if len(pure) == 1 and (len(exprs) == 1 or nm in closure):
+                    e = pure[0]
+                    for inner in sorted(set(_loads(e)) - BUILTINS - MODULE_ALIASES - defined):
+                        iex = [x for x in self.p.assignments_of(inner, scope) if x is not None] if scope else []
+                        if len(iex) == 1 and _pure(iex[0]) and inner not in _loads(iex[0]):
+                            lines.append(f"{inner} = {_code(iex[0])}")
+                            defined.add(inner)
+                    lines.append(f"{nm} = {_code(e)}")
+                    defined.add(nm)
+            lines += [f"{nm} = {code}" for nm, code, _ in pre if code != nm]
+            body = b["code"]
+            if loop_over is not None:
+                body = f"for {loop_over[0]} in {loop_over[1]}:\n" + "".join("    " + ln + "\n" for ln in body.splitlines())
+            code = "".join(ln + "\n" for ln in lines) + body
+            try:
+                mod = cst.parse_module(code)
+            except Exception:
+                continue
+            bound, free = set(), []
+            for st in mod.body:
+                for n in walk(st):
+                    if isinstance(n, (cst.Assign, cst.AugAssign)) and n.value is not None:
+                        for x in _loads(n.value):
+                            if x not in bound and x not in free:
+                                free.append(x)
+                        bound |= _targets(n)
+                    elif isinstance(n, cst.For):
+                        for x in _loads(n.iter):
+                            if x not in bound and x not in free:
+                                free.append(x)
+                        bound |= set(_loads(n.target))
+            comp_t = {x for n in walk(mod) if isinstance(n, (cst.ListComp, cst.GeneratorExp)) for x in _loads(n.for_in.target)}
+            consts = dict(b["consts"])
+            inputs = []
+            for nm in free:
+                if nm in BUILTINS or nm in MODULE_ALIASES or nm in consts or nm in comp_t or nm == "__cap":
+                    continue
+                ev = self.p.ev(cst.Name(nm), scope) if scope is not None else None
+                if isinstance(ev, Known) and isinstance(ev.value, (int, float)) and not isinstance(ev.value, bool):
+                    consts[nm] = ev.value
+                else:
+                    inputs.append(nm)
+            if not inputs or len(inputs) > 4:
+                continue
+            out.append({**b, "code": code, "inputs": inputs, "consts": consts,
+                        "scope": "group" if loop_over is not None else b["scope"],
+                        "cap_last": b["cap_last"] and loop_over is None})
+        return out
+
+    def _comprehension_target(self, call, arg):
+        """The iterable when *arg* is the target of the comprehension or for-loop around *call*."""
+        if call is None or not isinstance(arg, cst.Name):
+            return None
+        for anc in self.p.ancestors(call):
+            if isinstance(anc, (cst.ListComp, cst.GeneratorExp, cst.SetComp)):
+                if arg.value in _loads(anc.for_in.target):
+                    return anc.for_in.iter
+            if isinstance(anc, cst.FunctionDef):
+                break
+        return None
 
     def _is_baseline(self, node, info) -> bool:
         """A mean / sum (or a value built from one, through the names it is assigned from)."""
@@ -322,6 +443,21 @@ class ProbeMixin:
             for e in self.p.assignments_of(nm, info):
                 if e is not None and BASELINE_RE.search(_code(e)):
                     return True
+            # a parameter: what the callers pass (and how they computed it); a closure name: the
+            # enclosing function's assignment
+            exprs = []
+            if nm in info.params:
+                idx = info.params[nm][0]
+                for call, caller, offset in self.p.calls_by_callee().get(info.qual, [])[:4]:
+                    arg = self.p._arg_for(call, idx, nm, offset)
+                    if arg is not None and arg != "star":
+                        exprs.append(arg)
+                        for x in _loads(arg):
+                            exprs += [e for e in self.p.assignments_of(x, caller) if e is not None] if caller else []
+            elif info.parent is not None and not self.p.assignments_of(nm, info):
+                exprs += [e for e in self.p.assignments_of(nm, info.parent) if e is not None]
+            if any(BASELINE_RE.search(_code(e)) for e in exprs):
+                return True
         return False
 
     def _probe_block(self, site, info) -> Optional[dict]:
@@ -329,7 +465,8 @@ class ProbeMixin:
         inputs and the module constants it reads; None when something impure is needed."""
         body = info.node.body
         order = {id(n): i for i, n in enumerate(walk(body))}
-        assigns = [n for n in walk(body) if isinstance(n, (cst.Assign, cst.AugAssign)) and order[id(n)] <= order[id(site)]]
+        assigns = [n for n in walk(body) if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign))
+                   and n.value is not None and order[id(n)] <= order[id(site)]]
         keep = {id(site)}
         needed = set(_loads(site.value)) | ({_code(site.target.value)} if isinstance(site, cst.Assign) is False
                                             and isinstance(getattr(site, "target", None), cst.Subscript) else set())
@@ -386,7 +523,7 @@ class ProbeMixin:
                 reads = set(_loads(n.value)) - comp_targets
                 if isinstance(n, cst.AugAssign):
                     reads |= set(_loads(n.target))
-                else:
+                elif isinstance(n, cst.Assign):
                     for t in n.targets:
                         if isinstance(t.target, cst.Subscript):
                             reads |= set(_loads(t.target))
@@ -416,7 +553,7 @@ class ProbeMixin:
         loops = [anc for anc in self.p.ancestors(site) if isinstance(anc, cst.For)]
         scope = "batch"
         for a in walk(body):
-            if isinstance(a, (cst.Assign, cst.AugAssign)) and _targets(a) & set(inputs) and \
+            if isinstance(a, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and _targets(a) & set(inputs) and \
                     any(any(x is a for x in walk(l.body)) for l in loops):
                 scope = "group"
         cap_last = isinstance(site, cst.Assign) and isinstance(site.targets[0].target, cst.Subscript)
@@ -456,7 +593,7 @@ Source of the kept statements with their enclosing for/if/else headers; the site
                 if isinstance(st, cst.SimpleStatementLine):
                     for small in st.body:
                         if id(small) in keep:
-                            lines.append("    " * depth + _code(small))
+                            lines.append("    " * depth + _stmt_code(small))
                             if small is site:
                                 tgt = _capture_target(site)
                                 if tgt is None:
@@ -509,7 +646,16 @@ Source of the kept statements with their enclosing for/if/else headers; the site
         return "\n".join(lines) + "\n" if lines else None
 
 
+def _stmt_code(small) -> str:
+    """Source of a kept statement; ``x: T = v`` runs as ``x = v`` (the annotation may name anything)."""
+    if isinstance(small, cst.AnnAssign) and small.value is not None:
+        return f"{_code(small.target)} = {_code(small.value)}"
+    return _code(small)
+
+
 def _capture_target(site) -> Optional[str]:
+    if isinstance(site, cst.AnnAssign) and isinstance(site.target, cst.Name):
+        return site.target.value
     if isinstance(site, cst.Assign):
         t = site.targets[0].target
         if isinstance(t, cst.Name):
@@ -520,7 +666,7 @@ def _capture_target(site) -> Optional[str]:
 
 
 def _targets(a) -> set:
-    if isinstance(a, cst.AugAssign):
+    if isinstance(a, (cst.AugAssign, cst.AnnAssign)):
         return set(_loads(a.target))
     out = set()
     for t in a.targets:
