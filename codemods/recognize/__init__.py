@@ -111,6 +111,7 @@ class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, ConfigSites
         self.extract_parallel()
         self.extract_prompt_length()
         self.extract_run_values()  # values.py: seed, evaluation interval, prompts per step
+        self.on_policy_minibatch()  # policy_gradient.py: the whole batch per optimizer step
         self.extract_save()
         self.extract_hooks(trl)
         self.extract_reward()

@@ -176,7 +176,12 @@ class LoopsMixin:
         # path from the main loop to the backward call: epochs and minibatch loops
         path = self.path_to_backward(loop.body, scope, set())
         if path is None or getattr(self, "on_policy", None):
-            # on-policy PG: loops around backward() accumulate gradients of one step (policy_gradient.py)
+            # on-policy PG: loops around backward() accumulate gradients of one step (policy_gradient.py);
+            # a strided loop among them slices the batch into micro-batches
+            strided = [(node, sc) for kind, node, sc in (path or []) if kind in ("range3", "split")]
+            if getattr(self, "on_policy", None) and len(strided) == 1 and \
+                    not self._steps_every_iteration(strided[0][0]):
+                self.emit("algorithm.micro_batch_size", self.p.ev(*strided[0]), "the micro-batch size")
             return
         epochs_set = False
         mini_seen = False

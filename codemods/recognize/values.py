@@ -63,6 +63,7 @@ class ValuesMixin:
                             if isinstance(v, Known) and isinstance(v.value, int) and not isinstance(v.value, bool):
                                 self.emit("algorithm.group_size", v, "the group size")
                                 break
+        self.manual_sampling()
         # prompts per step: a random draw of k prompts in the loop body that feeds the rollout
         if "data.rollout_batch_size" not in self.a.config:
             k = self.random_draw_size(loop, scope)
@@ -79,6 +80,51 @@ class ValuesMixin:
                     bs = _kwarg(exprs[0], "batch_size")
                     if bs is not None and "data.rollout_batch_size" not in self.a.config:
                         self.emit("data.rollout_batch_size", self.p.ev(bs, scope), "the prompts per step")
+
+    def manual_sampling(self) -> None:
+        """A hand-written decoding loop: ``torch.multinomial(softmax(logits), 1)`` samples at temperature 1
+        (``softmax(logits / T)``: T) with neither top-k nor top-p when the function filters nothing
+        (no topk / sort / cumsum / masked_fill of the logits)."""
+        c = self.a.config
+        if {"rollout.temperature", "rollout.top_p", "rollout.top_k"} <= set(c):
+            return
+        found = []
+        for r in self.loop_region(self.main_loop):
+            if not isinstance(r, cst.FunctionDef):
+                continue
+            info = self.p.funcs.get(id(r))
+            for n in walk(r.body):
+                if not (isinstance(n, cst.Call) and _last(n.func) == "multinomial" and n.args):
+                    continue
+                probs = n.args[0].value
+                exprs = [probs] if not isinstance(probs, cst.Name) else \
+                    [e for e in self.p.assignments_of(probs.value, info) if e is not None]
+                if len(exprs) != 1 or not isinstance(exprs[0], cst.Call) or _last(exprs[0].func) != "softmax":
+                    continue
+                sm = exprs[0]
+                x = sm.args[0].value if sm.args and sm.args[0].keyword is None else None
+                if isinstance(sm.func, cst.Attribute) and not (isinstance(sm.func.value, cst.Name) and
+                                                                sm.func.value.value in ("torch", "F", "nn")):
+                    x = sm.func.value  # logits.softmax(-1)
+                if x is None:
+                    continue
+                filt = {(_last(c2.func) or "") for c2 in walk(r.body) if isinstance(c2, cst.Call)}
+                if filt & {"topk", "sort", "cumsum", "masked_fill", "masked_fill_", "top_k_top_p_filtering"}:
+                    continue
+                temp = Known(1.0, self.p.line(sm))
+                if isinstance(x, cst.BinaryOperation) and isinstance(x.operator, cst.Divide):
+                    temp = self.p.ev(x.right, info)
+                elif not isinstance(x, (cst.Name, cst.Subscript, cst.Attribute)):
+                    continue
+                found.append((temp, self.p.line(sm)))
+        if len(found) != 1:
+            return
+        temp, line = found[0]
+        self.emit("rollout.temperature", temp if isinstance(temp, Known) else None, "the sampling temperature")
+        self.emit("rollout.top_p", Known(1.0, line))
+        self.emit("rollout.top_k", Known(0, line))
+        self.a.warn(f"{self.loc(line)}: tokens are sampled by hand (multinomial over the softmax of the logits, "
+                    "no top-k/top-p filtering): rollout.top_p 1.0, rollout.top_k 0")
 
     def random_draw_size(self, loop, scope):
         """k of ``idx = torch.randperm(n)[:k]`` / ``np.random.permutation(n)[:k]`` / ``random.sample(xs, k)``
