@@ -66,7 +66,7 @@ for combo in itertools.product(*[spec["cands"][n] for n in names]):
             for n, c in zip(names, combo):
                 env[n] = m.float().sum() if c == "count" else V(c)
             try:
-                exec(code, env)
+                run_limited(code, env)
                 v = env["__out"]
                 v = v.detach().double() if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64)
                 if v.numel() != 1:

@@ -69,6 +69,19 @@ def _no_net(*a, **k):
     raise OSError("network disabled in the verl-bridge probe")
 socket.socket = _NoNet
 socket.create_connection = _no_net
+import signal
+class _Slow(Exception):
+    pass
+def _on_alarm(*a):
+    raise _Slow("one run of an extracted block took too long")
+signal.signal(signal.SIGALRM, _on_alarm)
+def run_limited(code, env, seconds=0.5):
+    """exec one extracted block; a block that runs longer than *seconds* raises (the probe goes on)."""
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        exec(code, env)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
 '''
 
 RUNNER = r'''
@@ -81,6 +94,8 @@ class R(float):
         return self
     def __getitem__(self, k):
         return self
+    def __iter__(self):
+        raise TypeError("a reward is not a sequence")
 class RA(float):
     """A reward whose attributes are itself (episode.reward) but which is no sequence, so that
     torch.tensor([e.reward for e in group]) sees plain numbers."""
@@ -122,12 +137,24 @@ def flat(v):
 out = []
 for block in spec["blocks"]:
     inputs = block["inputs"]
-    code = compile(block["code"], "<probe>", "exec")
+    try:
+        code = compile(block["code"], "<probe>", "exec")
+    except SyntaxError:
+        out.append([])
+        continue
     found = []
     roles = ["rewards", "G", "B", "Blist", "ns", "groups"]
-    per_input = [["T", "F"] if name in block.get("flags", []) else roles for name in inputs]
+    # a name unzipped into (reward, extra) pairs (rewards, info = zip(*results)) holds pairs
+    import re as _re
+    paired = set(_re.findall(r"zip\(\*\s*(\w+)\s*\)", block["code"]))
+    per_input = [["T", "F"] if name in block.get("flags", []) else ["pairs"] if name in paired else roles
+                 for name in inputs]
+    import time as _time
+    _t0 = _time.time()
     for combo in itertools.product(*per_input):
-        if combo.count("rewards") + combo.count("groups") != 1:
+        if _time.time() - _t0 > 8.0:
+            break  # a block this slow on toy inputs is not an advantage computation
+        if combo.count("rewards") + combo.count("groups") + combo.count("pairs") != 1:
             continue
         for fname, rew, shape in forms():
             if (shape == "group") != (block["scope"] == "group"):
@@ -138,11 +165,12 @@ for block in spec["blocks"]:
             env.update(block["consts"])
             for name, role in zip(inputs, combo):
                 env[name] = {"rewards": rew, "G": G, "B": B, "Blist": list(range(B)), "ns": NS(), "T": True, "F": False,
-                             "groups": {i: [R(x) for x in REW[i * G:(i + 1) * G]] for i in range(B)}}[role]
+                             "groups": {i: [R(x) for x in REW[i * G:(i + 1) * G]] for i in range(B)},
+                             "pairs": [(x, {}) for x in rew] if isinstance(rew, list) else None}[role]
             if "groups" in combo and shape != "flat":
                 continue
             try:
-                exec(code, env)
+                run_limited(code, env)
                 caps = env["__cap"][-1:] if block.get("cap_last") else env["__cap"]
                 vals = [flat(c) for c in caps]
             except Exception as e:
@@ -405,7 +433,13 @@ class ProbeMixin:
                             if x not in bound and x not in free:
                                 free.append(x)
                         bound |= set(_loads(n.target))
-            comp_t = {x for n in walk(mod) if isinstance(n, (cst.ListComp, cst.GeneratorExp)) for x in _loads(n.for_in.target)}
+            comp_t = set()
+            for n in walk(mod):
+                if isinstance(n, (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp)):
+                    f = n.for_in
+                    while f is not None:
+                        comp_t |= set(_loads(f.target))
+                        f = f.inner_for_in
             consts = dict(b["consts"])
             inputs = []
             for nm in free:
@@ -715,6 +749,9 @@ def run_sandboxed(runner: str, spec: dict, timeout: float = 60.0):
     isolated interpreter, temporary cwd, CPU/file-size/memory limits, writes, os calls and sockets
     disabled; its JSON answer, or None."""
     runner = SANDBOX_PRELUDE + runner
+    if os.environ.get("VERL_BRIDGE_PROBE_DUMP"):
+        with open(os.environ["VERL_BRIDGE_PROBE_DUMP"], "w") as fh:
+            json.dump(spec, fh)
 
     def limits():
         import resource
@@ -737,6 +774,8 @@ def run_sandboxed(runner: str, spec: dict, timeout: float = 60.0):
         except (subprocess.TimeoutExpired, OSError):
             return None
     if p.returncode != 0:
+        if os.environ.get("VERL_BRIDGE_PROBE_DEBUG"):
+            print("probe failed:", p.returncode, p.stderr[-2000:], file=sys.stderr)
         return None
     try:
         return json.loads(p.stdout.strip().splitlines()[-1])
