@@ -1078,6 +1078,10 @@ class Program:
             for t in targets:
                 if isinstance(t, cst.Attribute) and isinstance(t.value, cst.Name) and t.value.value != "self":
                     out.setdefault(t.attr.value, []).append((t.value.value, value, self.func_of(node), self.line(node)))
+                elif isinstance(t, cst.Attribute) and isinstance(t.value, cst.Attribute) and \
+                        dotted(t.value) is not None and not dotted(t.value).startswith("self."):
+                    # args.ppo.batch_size = ...: a field of a nested record
+                    out.setdefault(t.attr.value, []).append((t.value, value, self.func_of(node), self.line(node)))
         self.__dict__["_attr_stores"] = out
         return out
 
@@ -1089,7 +1093,7 @@ class Program:
             return _NOT_STORED
         hits = []
         for base, value, sc, ln in self.attr_stores().get(attr, []):
-            other = self.ev_record(cst.Name(base), sc)
+            other = self.ev_record(cst.Name(base) if isinstance(base, str) else base, sc)
             if other is not None and other.kind == rec.kind and other.line == rec.line:
                 hits.append((value, sc, ln))
         if not hits:
@@ -1176,13 +1180,80 @@ class Program:
                 else:
                     return None
             return Known(Record(f"call:{name}", fields, line), line)
-        # a function of the program with one ``return``: ``args = parse_args()`` returns parser.parse_args()
+        # a small arithmetic helper of the program (exact_div(a, b)): evaluated with this call's arguments
         t = self.resolve_callee(node, scope)
+        inl = self._ev_inline(t, node, scope) if t is not None else None
+        if inl is not None:
+            return inl
+        # a function of the program with one ``return``: ``args = parse_args()`` returns parser.parse_args()
         if t is not None and t[1] == 0 and t[0].cls is None:
             rets = [n for n in walk(t[0].node.body) if isinstance(n, cst.Return) and n.value is not None
                     and self.func_of(n) is t[0]]
             if len(rets) == 1:
                 return self.ev(rets[0].value, t[0])
+        return None
+
+    def _ev_inline(self, t, call: cst.Call, scope) -> Ev:
+        """A function whose body is only arithmetic assignments to names, checks that raise, and one
+        ``return``, evaluated on the Known numbers this call passes; None otherwise. Nothing is run but
+        arithmetic on numbers (no call other than min/max/abs/int/float/round)."""
+        info, offset = t
+        if info.cls is not None or not info.params:
+            return None
+        env: dict = {}
+        for name, (idx, param) in info.params.items():
+            if param.star:
+                return None
+            arg = self._arg_for(call, idx, name, offset)
+            if arg == "star":
+                return None
+            v = self.ev(arg, scope) if arg is not None else (self.ev(param.default, None) if param.default else None)
+            if not (isinstance(v, Known) and isinstance(v.value, (int, float)) and not isinstance(v.value, bool)):
+                return None
+            env[name] = v.value
+        safe = {"min": min, "max": max, "abs": abs, "int": int, "float": float, "round": round}
+
+        def arith(e) -> bool:
+            for n in walk(e):
+                if isinstance(n, cst.Call):
+                    if not (isinstance(n.func, cst.Name) and n.func.value in safe):
+                        return False
+                elif isinstance(n, cst.Name):
+                    if n.value not in env and n.value not in safe:
+                        return False
+                elif not isinstance(n, (cst.BinaryOperation, cst.UnaryOperation, cst.Integer, cst.Float, cst.Arg,
+                                        cst.BaseBinaryOp, cst.BaseUnaryOp, cst.LeftParen, cst.RightParen,
+                                        cst.Comma, cst.ParenthesizedWhitespace, cst.SimpleWhitespace)):
+                    return False
+            return True
+
+        body = info.node.body.body if isinstance(info.node.body, cst.IndentedBlock) else []
+        for st in body:
+            if isinstance(st, cst.If):
+                if all(isinstance(x, cst.SimpleStatementLine) and all(isinstance(y, cst.Raise) for y in x.body)
+                       for x in st.body.body) and st.orelse is None:
+                    continue
+                return None
+            if not isinstance(st, cst.SimpleStatementLine):
+                return None
+            for small in st.body:
+                if isinstance(small, (cst.Assert, cst.Pass)) or (isinstance(small, cst.Expr) and
+                                                                  isinstance(small.value, cst.SimpleString)):
+                    continue
+                if isinstance(small, cst.Assign) and len(small.targets) == 1 and \
+                        isinstance(small.targets[0].target, cst.Name) and arith(small.value):
+                    try:
+                        env[small.targets[0].target.value] = eval(_code_of(small.value), {"__builtins__": {}}, {**safe, **env})
+                    except Exception:
+                        return None
+                    continue
+                if isinstance(small, cst.Return) and small.value is not None and arith(small.value):
+                    try:
+                        v = eval(_code_of(small.value), {"__builtins__": {}}, {**safe, **env})
+                    except Exception:
+                        return None
+                    return Known(v, self.line(call)) if isinstance(v, (int, float)) else None
+                return None
         return None
 
     def ev_yaml(self, arg, scope, line) -> Ev:

@@ -17,6 +17,8 @@ the actor learning rate, and so on. One concern per module, each a mixin of :cla
 ``reward``         the reward function
 ``probe``          the advantage estimator identified by running its extracted block on synthetic
                    rewards in a sandboxed subprocess (fallback: the static recognisers)
+``loss_agg``       ``algorithm.loss_agg_mode`` found by running the statements that reduce the masked
+                   loss to the value given to ``backward()`` on a ragged synthetic batch (sandboxed)
 ``policy_gradient`` an update with no ratio: on-policy (one optimizer step per rollout batch) is
                    one PPO epoch; several steps per batch are refused
 ``semantics``      warnings for what changes silently: LoRA/PEFT adapters, 4/8-bit loading, frozen or
@@ -45,6 +47,7 @@ from .configs import ConfigSitesMixin
 from .frameworks import FrameworksMixin
 from .kl import KLMixin
 from .logprob_roles import LogProbRolesMixin
+from .loss_agg import LossAggMixin
 from .loops import LoopsMixin
 from .models import ModelsMixin
 from .prompts import PromptsMixin
@@ -60,7 +63,7 @@ __all__ = ["Analysis", "Recognizer", "analyze"]
 
 
 class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin,
-                 ClipLossMixin, LogProbRolesMixin, RewardMixin, RefusalsMixin, ProbeMixin, PolicyGradientMixin,
+                 ClipLossMixin, LogProbRolesMixin, RewardMixin, RefusalsMixin, ProbeMixin, LossAggMixin, PolicyGradientMixin,
                  SemanticsMixin, FrameworksMixin, ReportMixin, RecognizerBase):
     def run(self) -> Analysis:
         a = self.a
@@ -108,12 +111,14 @@ class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, ConfigSites
         self.extract_parallel()
         self.extract_prompt_length()
         self.extract_run_values()  # values.py: seed, evaluation interval, prompts per step
+        self.on_policy_minibatch()  # policy_gradient.py: the whole batch per optimizer step
         self.extract_save()
         self.extract_hooks(trl)
         self.extract_reward()
         self.warn_semantics()
         if not trl:
             self.probe_loss_agg()
+            self.probe_loss_aggregation()  # loss_agg.py: the general case, by behaviour
         self.unsupported()
 
 

@@ -244,6 +244,13 @@ class AdvantagesMixin:
         region = [(loop, self.p.func_of(loop))] + [(f.node, f) for f in self.callees_closure(loop)]
         for r, sc in region:
             for n in walk(r):
+                if isinstance(n, (cst.ListComp, cst.GeneratorExp)) and isinstance(n.elt, cst.Call) and \
+                        n.for_in.inner_for_in is None and isinstance(n.for_in.iter, cst.Call) and \
+                        _last(n.for_in.iter.func) == "range" and len(n.for_in.iter.args) == 1:
+                    # [rollout(...) for _ in range(G)]: G responses of one prompt
+                    t = self.p.resolve_callee(n.elt, self.p.func_of(n))
+                    if "gen" in self.call_tags(n.elt) or (t is not None and "gen" in self.reach(t[0].node)):
+                        return (n.for_in.iter.args[0].value, self.p.func_of(n))
                 if not isinstance(n, cst.Call) or not isinstance(n.func, cst.Attribute):
                     continue
                 last = n.func.attr.value
@@ -251,7 +258,9 @@ class AdvantagesMixin:
                 if last == "repeat" and len(n.args) == 2 and _code(n.args[1].value) == "1":
                     g = n.args[0].value
                 elif last == "repeat_interleave" and n.args:
-                    g = n.args[0].value
+                    # torch.repeat_interleave(x, G) names the tensor first; x.repeat_interleave(G) does not
+                    fn_form = isinstance(n.func.value, cst.Name) and n.func.value.value in ("torch", "np", "numpy")
+                    g = _call_arg(n, 1, "repeats") if fn_form else n.args[0].value
                 elif "gen" in self.call_tags(n):
                     g = _kwarg(n, "num_return_sequences")
                 if g is not None:

@@ -282,9 +282,44 @@ class KLMixin:
         if "Adaptive" in name:
             target = _call_arg(call, 1, "target")
             horizon = _call_arg(call, 2, "horizon")
-            self.emit("algorithm.kl.target", self.p.ev(target, sc), "the KL target")
-            self.emit("algorithm.kl.horizon", self.p.ev(horizon, sc), "the KL horizon")
+            t_ev, h_ev = self.p.ev(target, sc), self.p.ev(horizon, sc)
+            def num(ev):
+                return isinstance(ev, Known) and isinstance(ev.value, (int, float)) and not isinstance(ev.value, bool)
+            if name in self.p.classes and not (num(t_ev) and num(h_ev)):
+                # the project's own controller: target and horizon are where its update uses them
+                # (positional arguments may be a settings object, not the numbers)
+                found = self._controller_roles(self.p.classes[name])
+                if found is not None:
+                    t_ev, h_ev = found
+            self.emit("algorithm.kl.target", t_ev, "the KL target")
+            self.emit("algorithm.kl.horizon", h_ev, "the KL horizon")
         return self.p.ev(init, sc)
+
+    def _controller_roles(self, cdef):
+        """(target Ev, horizon Ev) of an adaptive KL controller class of the project, by the update rule
+        ``err = clip(kl / T - 1, -c, c)`` and ``mult = 1 + err * n / H``; None when it is not that rule."""
+        for st in cdef.body.body:
+            if not isinstance(st, cst.FunctionDef):
+                continue
+            info = self.p.funcs.get(id(st))
+            err_name, target = None, None
+            for n in walk(st.body):
+                if isinstance(n, cst.Assign) and len(n.targets) == 1 and isinstance(n.targets[0].target, cst.Name):
+                    for b in walk(n.value):
+                        if isinstance(b, cst.BinaryOperation) and isinstance(b.operator, cst.Subtract) and \
+                                _is_one(b.right) and isinstance(b.left, cst.BinaryOperation) and \
+                                isinstance(b.left.operator, cst.Divide):
+                            err_name, target = n.targets[0].target.value, b.left.right
+            if err_name is None:
+                continue
+            for n in walk(st.body):
+                if isinstance(n, (cst.Assign, cst.AugAssign)) and any(isinstance(x, cst.Name) and x.value == err_name
+                                                     for x in walk(n.value)):
+                    divs = [b for b in walk(n.value) if isinstance(b, cst.BinaryOperation) and
+                            isinstance(b.operator, cst.Divide)]
+                    if len(divs) == 1:
+                        return self.p.ev(target, info), self.p.ev(divs[0].right, info)
+        return None
 
     def kl_estimator(self, expr, scope, depth=0) -> str:
         code = _code(expr)

@@ -162,7 +162,7 @@ class LoopsMixin:
         for n in walk(loop.body):
             if isinstance(n, (cst.For, cst.While)) and n is not loop:
                 tags = self.reach(n)
-                if "gen" in tags and ("backward" in tags or "trl_step" in tags):
+                if "gen" in tags and ("backward" in tags or "trl_step" in tags) and self._generates_each_time(n):
                     inner_data_loop = True
         steps = self.loop_count(loop, scope)
         if inner_data_loop:
@@ -176,7 +176,12 @@ class LoopsMixin:
         # path from the main loop to the backward call: epochs and minibatch loops
         path = self.path_to_backward(loop.body, scope, set())
         if path is None or getattr(self, "on_policy", None):
-            # on-policy PG: loops around backward() accumulate gradients of one step (policy_gradient.py)
+            # on-policy PG: loops around backward() accumulate gradients of one step (policy_gradient.py);
+            # a strided loop among them slices the batch into micro-batches
+            strided = [(node, sc) for kind, node, sc in (path or []) if kind in ("range3", "split")]
+            if getattr(self, "on_policy", None) and len(strided) == 1 and \
+                    not self._steps_every_iteration(strided[0][0]):
+                self.emit("algorithm.micro_batch_size", self.p.ev(*strided[0]), "the micro-batch size")
             return
         epochs_set = False
         mini_seen = False
@@ -215,6 +220,25 @@ class LoopsMixin:
                 self.emit("algorithm.micro_batch_size", self.p.ev(node, sc), "the micro-batch size")
         if not epochs_set:
             self.emit("algorithm.ppo_epochs", Known(1, self.p.line(loop)))
+
+    def _generates_each_time(self, loop) -> bool:
+        """Whether the loop generates outside a periodic branch: generation only under
+        ``if n % k == 0:`` (an evaluation every k samples) does not make it a rollout data loop."""
+        for n in walk(loop.body):
+            if not isinstance(n, cst.Call):
+                continue
+            t = self.p.resolve_callee(n, self.p.func_of(n))
+            if "gen" not in self.call_tags(n) and not (t is not None and "gen" in self.reach(t[0].node)):
+                continue
+            periodic = False
+            for anc in self.p.ancestors(n):
+                if anc is loop:
+                    break
+                if isinstance(anc, cst.If) and _find_modulo(anc.test) is not None:
+                    periodic = True
+            if not periodic:
+                return True
+        return False
 
     def _steps_every_iteration(self, count_node) -> bool:
         """Whether an optimizer ``.step()`` runs unconditionally in each iteration of the loop whose

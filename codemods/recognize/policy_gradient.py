@@ -64,3 +64,17 @@ class PolicyGradientMixin:
                f"({self.loc(line)}) runs once per rollout batch, the same objective as one PPO epoch with one "
                "minibatch: algorithm.ppo_epochs is 1, and the clip range (clip_ratio) has no effect there")
         return True
+
+    def on_policy_minibatch(self) -> None:
+        """One optimizer step per rollout batch: the minibatch is the whole batch, prompts per step times
+        responses per prompt (left out unless both are proven)."""
+        c = self.a.config
+        if not getattr(self, "on_policy", None) or "algorithm.mini_batch_size" in c:
+            return
+        rb = c.get("data.rollout_batch_size")
+        g = c.get("algorithm.group_size") if c.get("algorithm.name") in ("grpo", "rloo") else 1
+        if isinstance(rb, int) and isinstance(g, int) and not isinstance(rb, bool) and g >= 1:
+            self.a.config["algorithm.mini_batch_size"] = rb * g
+            self.a.provenance["algorithm.mini_batch_size"] = self.loc(self.on_policy)
+            self.a.warn(f"algorithm.mini_batch_size = {rb * g}: one optimizer step per rollout batch "
+                        f"({self.loc(self.on_policy)}) of {rb} prompts x {g} responses")

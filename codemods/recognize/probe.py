@@ -35,22 +35,20 @@ PURE_CALLS = {"mean", "std", "var", "sum", "view", "reshape", "unsqueeze", "sque
               "repeat", "repeat_interleave", "sub", "div", "mul", "add", "keepdim", "values", "items", "keys", "append",
               "extend", "mean_", "nanmean", "nanstd", "full_like", "unflatten", "transpose", "t", "enumerate", "int",
               "clamp", "clip", "where", "norm", "maximum", "minimum", "dict", "sorted", "isclose", "all", "any",
-              "contiguous", "type_as", "double", "half", "bfloat16"}
+              "contiguous", "type_as", "double", "half", "bfloat16", "Tensor", "FloatTensor"}
 MODULE_ALIASES = {"np", "numpy", "torch", "math", "F", "nn"}
 BUILTINS = {"len", "list", "tuple", "zip", "abs", "max", "min", "range", "sum", "float", "int", "enumerate", "dict",
             "sorted", "all", "any", "True", "False", "None", "print", "isinstance", "round"}
 BASELINE_RE = re.compile(r"\.(mean|sum|nanmean)\(|np\.(mean|sum)|torch\.(mean|sum)|mean|baseline|sum", re.I)
 
-RUNNER = r'''
+SANDBOX_PRELUDE = r'''
 import json, sys, math, itertools, socket, os, tempfile
 # no file can be written here (RLIMIT_FSIZE 0), so tempfile's probe of a writable directory fails;
 # libraries that ask for it at import (dill, which torch imports where installed) get the cwd instead
 tempfile.tempdir = os.getcwd()
 import numpy as np
-spec = json.loads(sys.stdin.read())
-if spec["torch"]:
-    import torch
-    import torch.nn.functional as F
+import torch
+import torch.nn.functional as F
 import builtins, io, os
 _real_open = builtins.open
 def _read_only_open(file, mode="r", *a, **k):
@@ -71,6 +69,23 @@ def _no_net(*a, **k):
     raise OSError("network disabled in the verl-bridge probe")
 socket.socket = _NoNet
 socket.create_connection = _no_net
+import signal
+class _Slow(Exception):
+    pass
+def _on_alarm(*a):
+    raise _Slow("one run of an extracted block took too long")
+signal.signal(signal.SIGALRM, _on_alarm)
+def run_limited(code, env, seconds=0.5):
+    """exec one extracted block; a block that runs longer than *seconds* raises (the probe goes on)."""
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        exec(code, env)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+'''
+
+RUNNER = r'''
+spec = json.loads(sys.stdin.read())
 class R(float):
     """A reward: every attribute or item of it is itself (episode.reward, item["reward"])."""
     def __getattr__(self, k):
@@ -78,6 +93,15 @@ class R(float):
             raise AttributeError(k)
         return self
     def __getitem__(self, k):
+        return self
+    def __iter__(self):
+        raise TypeError("a reward is not a sequence")
+class RA(float):
+    """A reward whose attributes are itself (episode.reward) but which is no sequence, so that
+    torch.tensor([e.reward for e in group]) sees plain numbers."""
+    def __getattr__(self, k):
+        if k.startswith("__"):
+            raise AttributeError(k)
         return self
 B, G = 3, 4
 class NS:
@@ -93,7 +117,9 @@ def forms():
     if spec["torch"]:
         yield "t1", torch.tensor(REW), "flat"
         yield "t2", torch.tensor(REW).view(B, G), "rows"
+    yield "alist", [RA(x) for x in REW], "flat"
     yield "glist", [R(x) for x in REW[:G]], "group"
+    yield "galist", [RA(x) for x in REW[:G]], "group"
     yield "gnp", np.array(REW[:G]), "group"
     if spec["torch"]:
         yield "gt", torch.tensor(REW[:G]), "group"
@@ -111,12 +137,24 @@ def flat(v):
 out = []
 for block in spec["blocks"]:
     inputs = block["inputs"]
-    code = compile(block["code"], "<probe>", "exec")
+    try:
+        code = compile(block["code"], "<probe>", "exec")
+    except SyntaxError:
+        out.append([])
+        continue
     found = []
     roles = ["rewards", "G", "B", "Blist", "ns", "groups"]
-    per_input = [["T", "F"] if name in block.get("flags", []) else roles for name in inputs]
+    # a name unzipped into (reward, extra) pairs (rewards, info = zip(*results)) holds pairs
+    import re as _re
+    paired = set(_re.findall(r"zip\(\*\s*(\w+)\s*\)", block["code"]))
+    per_input = [["T", "F"] if name in block.get("flags", []) else ["pairs"] if name in paired else roles
+                 for name in inputs]
+    import time as _time
+    _t0 = _time.time()
     for combo in itertools.product(*per_input):
-        if combo.count("rewards") + combo.count("groups") != 1:
+        if _time.time() - _t0 > 8.0:
+            break  # a block this slow on toy inputs is not an advantage computation
+        if combo.count("rewards") + combo.count("groups") + combo.count("pairs") != 1:
             continue
         for fname, rew, shape in forms():
             if (shape == "group") != (block["scope"] == "group"):
@@ -127,11 +165,12 @@ for block in spec["blocks"]:
             env.update(block["consts"])
             for name, role in zip(inputs, combo):
                 env[name] = {"rewards": rew, "G": G, "B": B, "Blist": list(range(B)), "ns": NS(), "T": True, "F": False,
-                             "groups": {i: [R(x) for x in REW[i * G:(i + 1) * G]] for i in range(B)}}[role]
+                             "groups": {i: [R(x) for x in REW[i * G:(i + 1) * G]] for i in range(B)},
+                             "pairs": [(x, {}) for x in rew] if isinstance(rew, list) else None}[role]
             if "groups" in combo and shape != "flat":
                 continue
             try:
-                exec(code, env)
+                run_limited(code, env)
                 caps = env["__cap"][-1:] if block.get("cap_last") else env["__cap"]
                 vals = [flat(c) for c in caps]
             except Exception as e:
@@ -243,6 +282,9 @@ class ProbeMixin:
             b = self._probe_block(node, info)
             if b is not None:
                 blocks.append((node, b))
+                # inputs that are parameters or names of the enclosing function: computed at the call site
+                for cb in self._compose_outward(b, info):
+                    blocks.append((node, cb))
         if not blocks:
             self.probe_note = ("the blocks centring rewards depend on code that cannot be run in isolation "
                                f"({self.loc(self.p.line(sites[0][0]))})")
@@ -303,7 +345,7 @@ class ProbeMixin:
             for n in walk(f.node.body):
                 if isinstance(n, cst.FunctionDef):
                     continue
-                if not isinstance(n, (cst.Assign, cst.AugAssign)):
+                if not isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign)) or n.value is None:
                     continue
                 v = n.value
                 centred = any(isinstance(b, cst.BinaryOperation) and isinstance(b.operator, cst.Subtract)
@@ -311,6 +353,121 @@ class ProbeMixin:
                 if centred:
                     out.append((n, f))
         return out
+
+    def _compose_outward(self, b: dict, info) -> list:
+        """Blocks whose inputs are the callee's parameters (or names of the enclosing function of a
+        nested one) rebuilt from where they are computed: the call site's argument expressions and the
+        pure assignments behind them (one level of assignments), so
+        ``compute_loss(r, r.mean(-1), r.std(-1))`` probes as a whole. A parameter bound by a comprehension
+        or loop over a collection (``[f(e) for e in group]``) runs the block once per element."""
+        out = []
+        if info is None:
+            return out
+        params = [n for n in b["inputs"] if n in info.params]
+        closure = [n for n in b["inputs"] if n not in info.params]
+        if closure and info.parent is not None:
+            outer = info.parent
+        else:
+            outer = None
+            closure = []
+        if not params and not closure:
+            return out
+        sites = self.p.calls_by_callee().get(info.qual, [])[:4] if params else [(None, outer, 0)]
+        for call, caller, offset in sites:
+            if params and call is None:
+                continue
+            pre, loop_over, ok = [], None, True
+            defined: set = set()
+            for nm in params:
+                idx = info.params[nm][0]
+                arg = self.p._arg_for(call, idx, nm, offset) if call is not None else None
+                if arg is None or arg == "star":
+                    ok = False
+                    break
+                comp = self._comprehension_target(call, arg)
+                if comp is not None:
+                    loop_over = (nm, _code(comp))
+                    continue
+                if not _pure(arg):
+                    ok = False
+                    break
+                pre.append((nm, _code(arg), _loads(arg)))
+            if not ok:
+                continue
+            scope = caller if params else outer
+            names = {n for _, _, ld in pre for n in ld} | set(closure)
+            if loop_over is not None:
+                names |= set(_loads(cst.parse_expression(loop_over[1])))
+            lines = []
+            for nm in sorted(names - BUILTINS - MODULE_ALIASES):
+                exprs = [e for e in self.p.assignments_of(nm, scope) if e is not None] if scope is not None else []
+                pure = [e for e in exprs if _pure(e) and nm not in _loads(e)]
+                if len(pure) == 1 and (len(exprs) == 1 or nm in closure):
+                    e = pure[0]
+                    for inner in sorted(set(_loads(e)) - BUILTINS - MODULE_ALIASES - defined):
+                        iex = [x for x in self.p.assignments_of(inner, scope) if x is not None] if scope else []
+                        if len(iex) == 1 and _pure(iex[0]) and inner not in _loads(iex[0]):
+                            lines.append(f"{inner} = {_code(iex[0])}")
+                            defined.add(inner)
+                    lines.append(f"{nm} = {_code(e)}")
+                    defined.add(nm)
+            lines += [f"{nm} = {code}" for nm, code, _ in pre if code != nm]
+            body = b["code"]
+            if loop_over is not None:
+                body = f"for {loop_over[0]} in {loop_over[1]}:\n" + "".join("    " + ln + "\n" for ln in body.splitlines())
+            code = "".join(ln + "\n" for ln in lines) + body
+            try:
+                mod = cst.parse_module(code)
+            except Exception:
+                continue
+            bound, free = set(), []
+            for st in mod.body:
+                for n in walk(st):
+                    if isinstance(n, (cst.Assign, cst.AugAssign)) and n.value is not None:
+                        for x in _loads(n.value):
+                            if x not in bound and x not in free:
+                                free.append(x)
+                        bound |= _targets(n)
+                    elif isinstance(n, cst.For):
+                        for x in _loads(n.iter):
+                            if x not in bound and x not in free:
+                                free.append(x)
+                        bound |= set(_loads(n.target))
+            comp_t = set()
+            for n in walk(mod):
+                if isinstance(n, (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp)):
+                    f = n.for_in
+                    while f is not None:
+                        comp_t |= set(_loads(f.target))
+                        f = f.inner_for_in
+            consts = dict(b["consts"])
+            inputs = []
+            for nm in free:
+                if nm in BUILTINS or nm in MODULE_ALIASES or nm in consts or nm in comp_t or nm == "__cap":
+                    continue
+                ev = self.p.ev(cst.Name(nm), scope) if scope is not None else None
+                if isinstance(ev, Known) and isinstance(ev.value, (int, float)) and not isinstance(ev.value, bool):
+                    consts[nm] = ev.value
+                else:
+                    inputs.append(nm)
+            if not inputs or len(inputs) > 4:
+                continue
+            out.append({**b, "code": code, "inputs": inputs, "consts": consts,
+                        "scope": "group" if loop_over is not None else b["scope"],
+                        "cap_last": b["cap_last"] and loop_over is None})
+        return out
+
+    def _comprehension_target(self, call, arg):
+        """The iterable when *arg* is the target of the comprehension or for-loop around *call*."""
+        if call is None or not isinstance(arg, cst.Name):
+            return None
+        for anc in self.p.ancestors(call):
+            if isinstance(anc, (cst.ListComp, cst.GeneratorExp, cst.SetComp)):
+                if arg.value in _loads(anc.for_in.target):
+                    return anc.for_in.iter
+            if isinstance(anc, cst.FunctionDef):
+                break
+        return None
 
     def _is_baseline(self, node, info) -> bool:
         """A mean / sum (or a value built from one, through the names it is assigned from)."""
@@ -320,6 +477,21 @@ class ProbeMixin:
             for e in self.p.assignments_of(nm, info):
                 if e is not None and BASELINE_RE.search(_code(e)):
                     return True
+            # a parameter: what the callers pass (and how they computed it); a closure name: the
+            # enclosing function's assignment
+            exprs = []
+            if nm in info.params:
+                idx = info.params[nm][0]
+                for call, caller, offset in self.p.calls_by_callee().get(info.qual, [])[:4]:
+                    arg = self.p._arg_for(call, idx, nm, offset)
+                    if arg is not None and arg != "star":
+                        exprs.append(arg)
+                        for x in _loads(arg):
+                            exprs += [e for e in self.p.assignments_of(x, caller) if e is not None] if caller else []
+            elif info.parent is not None and not self.p.assignments_of(nm, info):
+                exprs += [e for e in self.p.assignments_of(nm, info.parent) if e is not None]
+            if any(BASELINE_RE.search(_code(e)) for e in exprs):
+                return True
         return False
 
     def _probe_block(self, site, info) -> Optional[dict]:
@@ -327,7 +499,8 @@ class ProbeMixin:
         inputs and the module constants it reads; None when something impure is needed."""
         body = info.node.body
         order = {id(n): i for i, n in enumerate(walk(body))}
-        assigns = [n for n in walk(body) if isinstance(n, (cst.Assign, cst.AugAssign)) and order[id(n)] <= order[id(site)]]
+        assigns = [n for n in walk(body) if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign))
+                   and n.value is not None and order[id(n)] <= order[id(site)]]
         keep = {id(site)}
         needed = set(_loads(site.value)) | ({_code(site.target.value)} if isinstance(site, cst.Assign) is False
                                             and isinstance(getattr(site, "target", None), cst.Subscript) else set())
@@ -384,7 +557,7 @@ class ProbeMixin:
                 reads = set(_loads(n.value)) - comp_targets
                 if isinstance(n, cst.AugAssign):
                     reads |= set(_loads(n.target))
-                else:
+                elif isinstance(n, cst.Assign):
                     for t in n.targets:
                         if isinstance(t.target, cst.Subscript):
                             reads |= set(_loads(t.target))
@@ -414,7 +587,7 @@ class ProbeMixin:
         loops = [anc for anc in self.p.ancestors(site) if isinstance(anc, cst.For)]
         scope = "batch"
         for a in walk(body):
-            if isinstance(a, (cst.Assign, cst.AugAssign)) and _targets(a) & set(inputs) and \
+            if isinstance(a, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and _targets(a) & set(inputs) and \
                     any(any(x is a for x in walk(l.body)) for l in loops):
                 scope = "group"
         cap_last = isinstance(site, cst.Assign) and isinstance(site.targets[0].target, cst.Subscript)
@@ -454,7 +627,7 @@ Source of the kept statements with their enclosing for/if/else headers; the site
                 if isinstance(st, cst.SimpleStatementLine):
                     for small in st.body:
                         if id(small) in keep:
-                            lines.append("    " * depth + _code(small))
+                            lines.append("    " * depth + _stmt_code(small))
                             if small is site:
                                 tgt = _capture_target(site)
                                 if tgt is None:
@@ -507,7 +680,16 @@ Source of the kept statements with their enclosing for/if/else headers; the site
         return "\n".join(lines) + "\n" if lines else None
 
 
+def _stmt_code(small) -> str:
+    """Source of a kept statement; ``x: T = v`` runs as ``x = v`` (the annotation may name anything)."""
+    if isinstance(small, cst.AnnAssign) and small.value is not None:
+        return f"{_code(small.target)} = {_code(small.value)}"
+    return _code(small)
+
+
 def _capture_target(site) -> Optional[str]:
+    if isinstance(site, cst.AnnAssign) and isinstance(site.target, cst.Name):
+        return site.target.value
     if isinstance(site, cst.Assign):
         t = site.targets[0].target
         if isinstance(t, cst.Name):
@@ -518,7 +700,7 @@ def _capture_target(site) -> Optional[str]:
 
 
 def _targets(a) -> set:
-    if isinstance(a, cst.AugAssign):
+    if isinstance(a, (cst.AugAssign, cst.AnnAssign)):
         return set(_loads(a.target))
     out = set()
     for t in a.targets:
@@ -559,6 +741,17 @@ def _pure(value) -> bool:
 def run_blocks(blocks: list, timeout: float = 60.0) -> Optional[list]:
     """Run the extracted blocks in a sandboxed subprocess; the list of matches per block, or None."""
     spec = {"blocks": blocks, "torch": any(b["torch"] for b in blocks)}
+    return run_sandboxed(RUNNER, spec, timeout)
+
+
+def run_sandboxed(runner: str, spec: dict, timeout: float = 60.0):
+    """Run *runner* (a script reading *spec* as JSON on stdin and printing JSON last) in the sandbox:
+    isolated interpreter, temporary cwd, CPU/file-size/memory limits, writes, os calls and sockets
+    disabled; its JSON answer, or None."""
+    runner = SANDBOX_PRELUDE + runner
+    if os.environ.get("VERL_BRIDGE_PROBE_DUMP"):
+        with open(os.environ["VERL_BRIDGE_PROBE_DUMP"], "w") as fh:
+            json.dump(spec, fh)
 
     def limits():
         import resource
@@ -576,11 +769,13 @@ def run_blocks(blocks: list, timeout: float = 60.0) -> Optional[list]:
         env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
                "CUDA_VISIBLE_DEVICES": ""}
         try:
-            p = subprocess.run([sys.executable, "-I", "-c", RUNNER], input=json.dumps(spec), capture_output=True,
+            p = subprocess.run([sys.executable, "-I", "-c", runner], input=json.dumps(spec), capture_output=True,
                                text=True, cwd=tmp, env=env, timeout=timeout, preexec_fn=limits)
         except (subprocess.TimeoutExpired, OSError):
             return None
     if p.returncode != 0:
+        if os.environ.get("VERL_BRIDGE_PROBE_DEBUG"):
+            print("probe failed:", p.returncode, p.stderr[-2000:], file=sys.stderr)
         return None
     try:
         return json.loads(p.stdout.strip().splitlines()[-1])

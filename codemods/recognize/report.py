@@ -38,6 +38,7 @@ def schema_default(key: str):
 class ReportMixin:
     def finish_report(self) -> None:
         a = self.a
+        self._micro_without_batch()
         # framework defaults (TRL's PPOConfig, ...) are in the config but not from the source
         for key, source in getattr(self, "framework_defaults", {}).items():
             if key in a.config:
@@ -58,6 +59,25 @@ class ReportMixin:
             a.warn("values read from command-line parser defaults (argparse / HfArgumentParser / dataclass "
                    "fields) are the values the script runs with when no flag is given; flags passed at launch "
                    "override them, so check the YAML against your launch command")
+
+    def _micro_without_batch(self) -> None:
+        """A proven micro-batch with no proven batch to divide (the batch is the per-rank size times the
+        world size): the verl-bridge default batch would not hold it, so it goes to unmapped, named."""
+        a = self.a
+        micro = a.config.get("algorithm.micro_batch_size")
+        if not isinstance(micro, int) or "data.rollout_batch_size" in a.config or \
+                "algorithm.mini_batch_size" in a.config and a.config["algorithm.mini_batch_size"] is not None:
+            return
+        group = a.config.get("algorithm.group_size", schema_default("algorithm.group_size"))
+        rollout = schema_default("data.rollout_batch_size")
+        if isinstance(group, int) and isinstance(rollout, int) and (rollout * group) % micro == 0:
+            return
+        prov = a.provenance.pop("algorithm.micro_batch_size", "?")
+        del a.config["algorithm.micro_batch_size"]
+        self.__dict__.setdefault("runtime_left", {})["algorithm.micro_batch_size"] = \
+            f"algorithm.micro_batch_size={micro} ({prov}): per rank, of a batch whose size is known only at launch"
+        a.warn(f"algorithm.micro_batch_size={micro} ({prov}) is left out: the batch it divides is not a static value "
+               "(data.rollout_batch_size is left at the default, which it does not divide); set both for your launch")
 
     def cli_values_used(self) -> bool:
         p = self.p

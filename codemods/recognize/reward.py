@@ -70,6 +70,17 @@ class RewardMixin:
             if model_param is None:
                 # by behaviour: the call site hands it a model object that it runs (clf(input_ids=...))
                 model_param = self._model_passed(f, n)
+            delegate = next((n for n in walk(f.node.body) if isinstance(n, cst.Call) and
+                             isinstance(n.func, cst.Attribute) and isinstance(n.func.value, cst.Name) and
+                             n.func.value.value in f.params and REWARD_RE.search(n.func.attr.value)), None)
+            if model_param is None and delegate is not None:
+                # the score comes from a method of an object the helper is handed (environment.reward(text)):
+                # the reward is that object's, which no module path names
+                a.warn(f"the reward helper {f.name}() ({self.loc(self.p.line(f.node))}) returns "
+                       f"{_code(delegate.func)}() of an object it is given ({delegate.func.value.value}); "
+                       "model.reward.args.path is left out: write reward_fn(response_text, ground_truth) -> float "
+                       "around that object and set model.reward.args.path")
+                return
             if model_param is not None:
                 # get_reward(model, query_responses, tokenizer): a reward MODEL's forward, not a function of text
                 a.warn(f"the reward helper {f.name}() ({self.loc(self.p.line(f.node))}) takes a model "

@@ -8,6 +8,7 @@ import re
 import libcst as cst
 
 from .._static import Known, walk
+from .base import _call_arg, _kwarg, _last
 
 
 CLIPPING_RE = re.compile(r"clip_grad_norm|clip_grad_value|max_grad_norm|gradient_clipping|grad_clip|clip_grad|"
@@ -62,6 +63,12 @@ class ValuesMixin:
                             if isinstance(v, Known) and isinstance(v.value, int) and not isinstance(v.value, bool):
                                 self.emit("algorithm.group_size", v, "the group size")
                                 break
+        self.manual_sampling()
+        # prompts per step: a random draw of k prompts in the loop body that feeds the rollout
+        if "data.rollout_batch_size" not in self.a.config:
+            k = self.random_draw_size(loop, scope)
+            if k is not None:
+                self.emit("data.rollout_batch_size", k, "the prompts drawn per step")
         # prompts per step: the DataLoader the loop iterates
         if isinstance(loop, cst.For):
             it = loop.iter
@@ -73,6 +80,78 @@ class ValuesMixin:
                     bs = _kwarg(exprs[0], "batch_size")
                     if bs is not None and "data.rollout_batch_size" not in self.a.config:
                         self.emit("data.rollout_batch_size", self.p.ev(bs, scope), "the prompts per step")
+
+    def manual_sampling(self) -> None:
+        """A hand-written decoding loop: ``torch.multinomial(softmax(logits), 1)`` samples at temperature 1
+        (``softmax(logits / T)``: T) with neither top-k nor top-p when the function filters nothing
+        (no topk / sort / cumsum / masked_fill of the logits)."""
+        c = self.a.config
+        if {"rollout.temperature", "rollout.top_p", "rollout.top_k"} <= set(c):
+            return
+        found = []
+        for r in self.loop_region(self.main_loop):
+            if not isinstance(r, cst.FunctionDef):
+                continue
+            info = self.p.funcs.get(id(r))
+            for n in walk(r.body):
+                if not (isinstance(n, cst.Call) and _last(n.func) == "multinomial" and n.args):
+                    continue
+                probs = n.args[0].value
+                exprs = [probs] if not isinstance(probs, cst.Name) else \
+                    [e for e in self.p.assignments_of(probs.value, info) if e is not None]
+                if len(exprs) != 1 or not isinstance(exprs[0], cst.Call) or _last(exprs[0].func) != "softmax":
+                    continue
+                sm = exprs[0]
+                x = sm.args[0].value if sm.args and sm.args[0].keyword is None else None
+                if isinstance(sm.func, cst.Attribute) and not (isinstance(sm.func.value, cst.Name) and
+                                                                sm.func.value.value in ("torch", "F", "nn")):
+                    x = sm.func.value  # logits.softmax(-1)
+                if x is None:
+                    continue
+                filt = {(_last(c2.func) or "") for c2 in walk(r.body) if isinstance(c2, cst.Call)}
+                if filt & {"topk", "sort", "cumsum", "masked_fill", "masked_fill_", "top_k_top_p_filtering"}:
+                    continue
+                temp = Known(1.0, self.p.line(sm))
+                if isinstance(x, cst.BinaryOperation) and isinstance(x.operator, cst.Divide):
+                    temp = self.p.ev(x.right, info)
+                elif not isinstance(x, (cst.Name, cst.Subscript, cst.Attribute)):
+                    continue
+                found.append((temp, self.p.line(sm)))
+        if len(found) != 1:
+            return
+        temp, line = found[0]
+        self.emit("rollout.temperature", temp if isinstance(temp, Known) else None, "the sampling temperature")
+        self.emit("rollout.top_p", Known(1.0, line))
+        self.emit("rollout.top_k", Known(0, line))
+        self.a.warn(f"{self.loc(line)}: tokens are sampled by hand (multinomial over the softmax of the logits, "
+                    "no top-k/top-p filtering): rollout.top_p 1.0, rollout.top_k 0")
+
+    def random_draw_size(self, loop, scope):
+        """k of ``idx = torch.randperm(n)[:k]`` / ``np.random.permutation(n)[:k]`` / ``random.sample(xs, k)``
+        / ``rng.choice(n, k, replace=False)`` run once per iteration of *loop* (not in an inner loop or a
+        branch) when what it draws reaches the rollout call; None otherwise."""
+        body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else []
+        gen_calls = [n for n in walk(loop.body) if isinstance(n, cst.Call) and
+                     ("gen" in self.call_tags(n) or (lambda t: t is not None and "gen" in self.reach(t[0].node))(
+                         self.p.resolve_callee(n, self.p.func_of(n))))]
+        for i, st in enumerate(body):
+            if not isinstance(st, cst.SimpleStatementLine) or not isinstance(st.body[0], cst.Assign):
+                continue
+            a = st.body[0]
+            if len(a.targets) != 1 or not isinstance(a.targets[0].target, cst.Name):
+                continue
+            k = _draw_count(a.value, self.qn)
+            if k is None:
+                continue
+            # what it draws, and names computed from it, reach the rollout call
+            names = {a.targets[0].target.value}
+            for later in body[i + 1:]:
+                for n in walk(later):
+                    if isinstance(n, cst.Assign) and {x.value for x in walk(n.value) if isinstance(x, cst.Name)} & names:
+                        names |= {x.value for t in n.targets for x in walk(t.target) if isinstance(x, cst.Name)}
+            if any({x.value for x in walk(c) if isinstance(x, cst.Name)} & names for c in gen_calls):
+                return self.p.ev(k, scope)
+        return None
 
     def drop_role_conflicts(self) -> None:
         """A GAE coefficient reported as certain while a flag / field / constant NAMED for that role,
@@ -284,3 +363,23 @@ class ValuesMixin:
                 return False
             child = anc
         return False
+
+
+def _draw_count(value, qn):
+    """The count node of a random draw without replacement, or None."""
+    if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Call) and len(value.slice) == 1:
+        inner, sl = value.value, value.slice[0].slice
+        if (_last(inner.func) or "") in ("randperm", "permutation") and isinstance(sl, cst.Slice) and \
+                sl.lower is None and sl.step is None and sl.upper is not None:
+            return sl.upper
+    if isinstance(value, cst.Call):
+        last = _last(value.func) or ""
+        qs = qn(value.func)
+        if last == "sample" and any(q.startswith("random.") for q in qs) and len(value.args) >= 2:
+            return value.args[1].value
+        if last == "choice":
+            rep = _kwarg(value, "replace")
+            size = _call_arg(value, 1, "size")
+            if rep is not None and isinstance(rep, cst.Name) and rep.value == "False" and size is not None:
+                return size
+    return None

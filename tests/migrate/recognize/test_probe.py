@@ -93,3 +93,14 @@ def test_token_mean_helper_over_one_sequence_micro_batches_is_seq_mean_token_mea
     r2 = recognizer(ONE_SEQ_MICRO.replace("range(start, start + 8, 1)", "range(start, start + 8, 2)")
                     .replace("out[one:one + 1]", "out[one:one + 2]").replace("old[one:one + 1]", "old[one:one + 2]"))
     assert "algorithm.loss_agg_mode" not in r2.a.config
+
+
+def test_unzipped_reward_pairs_and_a_non_sequence_reward_do_not_hang():
+    # (reward, info) pairs unzipped per group; iterating a synthetic reward fails fast instead of looping
+    blk = _block("scores, extra = zip(*res)\nscores = np.array(scores)\n"
+                 "a = (scores - scores.mean()) / (scores.std() + 1e-4)\n__cap.append(a)\n", ["res"],
+                 scope="group")
+    results = run_blocks([blk], timeout=30)
+    assert results is not None
+    named = {_classify(f["shape"], f["out"])[:2] for f in results[0] if _classify(f["shape"], f["out"])}
+    assert named == {("grpo", True)}
