@@ -70,8 +70,20 @@ def _rollout_world(rank, world_size, train_tp, rollout_tp):
     cfg = NS(model=NS(actor=NS(args=NS(model_name_or_path=None))), trainer=NS(seed=1),
              rollout=RolloutConfig(engine="vllm", tp_size=rollout_tp, bucket_mb=1),
              data=NS(max_prompt_length=P, max_response_length=R))
-    engine = ve.build_vllm_engine(cfg, actor, layout)  # builds vLLM, first sync + probe
-    out = dict(vllm_tp=vps.get_tensor_model_parallel_world_size(), platform=engine.platform,
+    # a killed earlier run's shared-memory segments, under the names vLLM gives them by default
+    # (vLLM alone then stops with "create shm in SHMManager failed. errno: 17")
+    stale = [f"/dev/shm/-{g}:0-[0-1]-cpushm_{rank}" for g in ("tp", "pp", "dp", "ep", "world")]
+    for path in stale:
+        open(path, "w").close()
+    try:
+        engine = ve.build_vllm_engine(cfg, actor, layout)  # builds vLLM, first sync + probe
+    finally:
+        for path in stale:
+            if os.path.exists(path):
+                os.unlink(path)
+    # this run's segments are unlinked once joined: nothing is left behind however the ranks end
+    out = dict(shm_left=sorted(n for n in os.listdir("/dev/shm") if n.startswith("vb") and "cpushm" in n))
+    out.update(vllm_tp=vps.get_tensor_model_parallel_world_size(), platform=engine.platform,
                sleep_level=engine.sleep_level, update_path=engine.update_path,
                first_probe=engine.last_report.max_abs_diff, dp_rank=layout.dp_rank)
 
@@ -108,6 +120,7 @@ def test_actor_tp2_generates_with_vllm_and_verifies_every_sync(rollout_tp):
     ranks = run_distributed(_rollout_world, 2, 2, rollout_tp, timeout=400)
     for r in ranks:
         assert r["platform"] == "cpu" and r["vllm_tp"] == rollout_tp, r
+        assert r["shm_left"] == [], r["shm_left"]
         assert r["sleep_level"] == 0  # vLLM's CPU worker has no sleep mode: the engine does not ask for it
         assert r["update_path"] == "transfer_api"
         assert r["first_probe"] < 1e-3 and r["second_probe"] < 1e-3, r

