@@ -559,10 +559,15 @@ class VllmEngine:
                 mine = len(requests)
             for i, p in enumerate(ps):
                 requests.append(TokensPrompt(prompt_token_ids=list(p)))
+                # ignore_eos=True always: a response ends only at the trainer's EOS (stop_token_ids), as in
+                # the native engine. vLLM's own EOS comes from the model's config / generation config, and a
+                # config.json written for a preset has none, so vLLM took LlamaConfig's default 2 -- in the
+                # toy tasks the digit "2": "<bos>2=" could never be answered "2222" (quickstart_vllm's
+                # reward plateaued at 0.7-0.9 instead of ~1). stop_token_ids still apply under ignore_eos.
                 sps.append(VSP(max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
                                top_k=max(params.top_k, 0), seed=s * 100003 + i, logprobs=0,
                                stop_token_ids=[params.eos_token_id] if params.eos_token_id is not None else None,
-                               ignore_eos=params.eos_token_id is None, detokenize=False))
+                               ignore_eos=True, detokenize=False))
         outs = self.llm.generate(requests, sps, use_tqdm=False)[mine: mine + len(prompts)]
         device = self.device
         prompt_ids, prompt_mask = left_pad(prompts, params.pad_token_id, device)
