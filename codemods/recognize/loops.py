@@ -243,7 +243,8 @@ class LoopsMixin:
     def _steps_every_iteration(self, count_node) -> bool:
         """Whether an optimizer ``.step()`` runs unconditionally in each iteration of the loop whose
         count is *count_node* (directly or through a function it calls)."""
-        loop = next((a for a in self.p.ancestors(count_node) if isinstance(a, cst.For)), None)
+        loop = self.__dict__.get("count_loops", {}).get(id(count_node)) or \
+            next((a for a in self.p.ancestors(count_node) if isinstance(a, cst.For)), None)
         if loop is None or not hasattr(self, "optimizer_steps"):
             return True
         for call, region in self.optimizer_steps(self.main_loop):
@@ -371,6 +372,11 @@ class LoopsMixin:
                     bs = _kwarg(it, "batch_size")
                     if bs is not None:
                         out.append(("split", bs, scope))
+                else:
+                    m = self.chunk_rows(it, scope)  # batches.py: blocks of m rows of x.reshape(A, m, ...)
+                    if m is not None:
+                        out.append(("split", m, scope))
+                        self.__dict__.setdefault("count_loops", {})[id(m)] = anc  # m may sit outside the loop
         out.reverse()
         return out
 
@@ -391,6 +397,7 @@ class LoopsMixin:
             entry = self.find_entry(func)
             if entry is not None:
                 a.entry = entry
+                self._drop_unused_loop_def(entry)
                 return
         guard = self.main_guard()
         top = loop
@@ -422,6 +429,23 @@ class LoopsMixin:
         a.refuse(f"{self.loc(self.p.line(func.node))}: cannot tell which code runs the training loop in "
                  f"{func.qual}() (no call to it from `if __name__ == \"__main__\":` or from a function that block "
                  "calls); call it from main() under `if __name__ == \"__main__\":` and run migrate again")
+
+    def _drop_unused_loop_def(self, entry) -> None:
+        """The top-level definition holding the loop (``def fit(...)`` that ``main()`` calls) goes with
+        the rewrite of *entry* when nothing else uses it: a migrated file keeps no second training loop."""
+        module_body = list(self.p.module.body)
+        loop_def = None
+        for anc in self.p.ancestors(self.main_loop):
+            if isinstance(anc, (cst.FunctionDef, cst.ClassDef)) and any(anc is st for st in module_body):
+                loop_def = anc
+        if loop_def is None or loop_def is entry.node:
+            return
+        others = set()
+        for stmt in module_body:
+            if stmt is not loop_def and stmt is not entry.node:
+                others |= _loads(stmt)
+        if loop_def.name.value not in others:
+            self.a.removed_defs = [next(i for i, st in enumerate(module_body) if st is loop_def)]
 
     def _stmt_reaches(self, stmt, targets) -> bool:
         for n in walk(stmt):

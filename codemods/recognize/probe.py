@@ -508,16 +508,54 @@ class ProbeMixin:
             for t in site.targets:
                 if isinstance(t.target, cst.Subscript):
                     needed |= set(_loads(t.target.value))
-        loop_targets = {}
         for anc in self.p.ancestors(site):
             if anc is info.node:
                 break
-            if isinstance(anc, cst.For):
-                needed |= set(_loads(anc.iter))
-                for nm in _loads(anc.target):
-                    loop_targets[nm] = anc
             if isinstance(anc, cst.If):
                 needed |= set(_loads(anc.test))
+        # a for loop around the kept statements stays only when they read its variable (or accumulate
+        # across its iterations); a loop that only repeats them (epochs, batches of a DataLoader whose
+        # items the kept code never reads) is dropped, so its iterable is no input
+        live: set = set()
+        changed = True
+        while changed:
+            changed = self._close_keep(assigns, keep, needed, site, info)
+            for f in self._loops_around(keep, info):
+                if id(f) not in live and self._loop_needed(f, keep):
+                    live.add(id(f))
+                    needed |= set(_loads(f.iter))
+                    changed = True
+        self._probe_live = live
+        return self._probe_inputs(body, keep, needed, site, info, live)
+
+    def _loops_around(self, keep, info) -> list:
+        out = {}
+        for n in walk(info.node.body):
+            if id(n) in keep:
+                for anc in self.p.ancestors(n):
+                    if anc is info.node:
+                        break
+                    if isinstance(anc, cst.For):
+                        out[id(anc)] = anc
+        return list(out.values())
+
+    @staticmethod
+    def _loop_needed(loop, keep) -> bool:
+        kept = [n for n in walk(loop.body) if id(n) in keep]
+        targets = set(_loads(loop.target))
+        for n in kept:
+            reads = set(_loads(n.value)) if getattr(n, "value", None) is not None else set()
+            if isinstance(n, cst.Assign):
+                for t in n.targets:
+                    if isinstance(t.target, cst.Subscript):
+                        reads |= set(_loads(t.target))
+            if reads & targets or isinstance(n, cst.AugAssign) or reads & _targets(n):
+                return True
+        return False
+
+    def _close_keep(self, assigns, keep, needed, site, info) -> bool:
+        """Add to *keep* the pure assignments *needed* names come from (in place); whether any was added."""
+        grew = False
         changed = True
         while changed:
             changed = False
@@ -535,12 +573,10 @@ class ProbeMixin:
                     continue
                 keep.add(id(a))
                 needed |= set(_loads(a.value))
-                for anc in self.p.ancestors(a):
-                    if anc is info.node:
-                        break
-                    if isinstance(anc, cst.For):
-                        needed |= set(_loads(anc.iter))
-                changed = True
+                changed = grew = True
+        return grew
+
+    def _probe_inputs(self, body, keep, needed, site, info, live) -> Optional[dict]:
         # inputs: names a kept statement reads before any kept statement (or loop) binds them
         bound, free = set(), set()
         comp_targets = set()
@@ -548,7 +584,7 @@ class ProbeMixin:
             if isinstance(n, (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp)):
                 comp_targets |= set(_loads(n.for_in.target))
         for n in walk(body):
-            if isinstance(n, cst.For) and any(id(x) in keep for x in walk(n.body)):
+            if isinstance(n, cst.For) and id(n) in live and any(id(x) in keep for x in walk(n.body)):
                 free |= set(_loads(n.iter)) - bound
                 bound |= set(_loads(n.target))
             elif isinstance(n, cst.If) and any(id(x) in keep for x in walk(n.body)):
@@ -577,6 +613,13 @@ class ProbeMixin:
                 consts[nm] = ev.value
             else:
                 inputs.append(nm)
+        # a whole-number constant may be the group size (GROUP = 5 in ``r.view(-1, GROUP)``): the probe's
+        # synthetic batch has its own group size, so such a constant is tried in the roles an input takes
+        sizes = [nm for nm, v in consts.items() if isinstance(v, int) and 2 <= v <= 4096]
+        if inputs and len(inputs) + len(sizes) <= 4:
+            for nm in sizes:
+                del consts[nm]
+                inputs.append(nm)
         if len(inputs) > 4 or not inputs:
             return None
         code = self._render(body, keep, site, info)
@@ -584,7 +627,13 @@ class ProbeMixin:
             return None
         flags = sorted(self._probe_flags & set(inputs))
         # an input computed inside a loop around the site (one prompt's rewards per iteration) is a group
-        loops = [anc for anc in self.p.ancestors(site) if isinstance(anc, cst.For)]
+        # (the training loop itself and a loop that generates and trains in each iteration, e.g. over a
+        # DataLoader's batches, hold whole batches: only a loop inside them is per prompt)
+        batch_loops = set()
+        if getattr(self, "main_loop", None) is not None:
+            batch_loops = {id(x) for x in self.rollout_data_loops()} | \
+                {id(x) for x in self.p.ancestors(self.main_loop) if isinstance(x, cst.For)}
+        loops = [anc for anc in self.p.ancestors(site) if isinstance(anc, cst.For) and id(anc) not in batch_loops]
         scope = "batch"
         for a in walk(body):
             if isinstance(a, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and _targets(a) & set(inputs) and \
@@ -634,6 +683,12 @@ Source of the kept statements with their enclosing for/if/else headers; the site
                                     return None
                                 lines.append("    " * depth + f"__cap.append({tgt})")
                             any_kept = True
+                elif isinstance(st, cst.For) and id(st) not in getattr(self, "_probe_live", {id(st)}):
+                    if any(id(x) in keep for x in walk(st.body)):  # a loop that only repeats: its body once
+                        r = emit(st.body.body, depth)
+                        if r is None:
+                            return None
+                        any_kept = any_kept or r
                 elif isinstance(st, cst.For):
                     if any(id(x) in keep for x in walk(st.body)):
                         lines.append("    " * depth + f"for {_code(st.target)} in {_code(st.iter)}:")

@@ -262,6 +262,23 @@ EXPECT = {
         {}, [], [],
         {"provenance": {"optim.actor.lr": "hparams.yaml:5", "algorithm.group_size": "hparams.yaml:9",
                         "data.max_response_length": "hparams.yaml:11", "rollout.temperature": "hparams.yaml:12"}}),
+    # --- what one step draws and how the update slices it, by behaviour (issue 23, round 2) ---
+    # a DataLoader built by a helper that is called twice (train / eval batch sizes), handed to the loop
+    # as a parameter; a Dataset over a list of this file: epochs x ceil(10 / 3) batches; the leave-one-out
+    # block runs inline inside the epoch and batch loops (they only repeat it) with a constant group size 5
+    "loader_epochs_rloo": ("migrated", {
+        "algorithm.name": "rloo", "algorithm.group_size": 5, "data.rollout_batch_size": 3,
+        "trainer.total_steps": 20, "algorithm.mini_batch_size": 15, "algorithm.ppo_epochs": 1,
+        "optim.actor.lr": 2e-6, "rollout.temperature": 0.7, "data.max_response_length": 16},
+        {"data.rollout_batch_size": 59, "trainer.total_steps": 39, "algorithm.group_size": 13}, [],
+        ["5 epochs x 4 batches of 3 from a dataset of 10 prompts", "leave-one-out baseline (rloo)"]),
+    # prompts drawn with next() in a comprehension; one optimizer step per prompt's group (blocks of a
+    # view(P, G, width)), gradients accumulated over reshape(-1, slice, length) slices of the group
+    "stream_groups_grpo": ("migrated", {
+        "algorithm.name": "grpo", "algorithm.group_size": 4, "data.rollout_batch_size": 2,
+        "algorithm.mini_batch_size": 4, "algorithm.micro_batch_size": 2, "algorithm.clip_ratio": 0.2,
+        "trainer.total_steps": 300, "optim.actor.lr": 3e-6},
+        {}, [], []),
 }
 
 
