@@ -21,7 +21,7 @@ class KLMixin:
         for info in list(self.p.funcs.values()) + [None]:
             assigns = info.assigns if info is not None else self.p.module_assigns
             for name, exprs in assigns.items():
-                if "kl" not in name.lower():
+                if "kl" not in name.lower() and not any(e is not None and _k3_shape(e) for e in exprs):
                     continue
                 for e in exprs:
                     if e is not None and not isinstance(e, (cst.Integer, cst.Float)):
@@ -162,6 +162,8 @@ class KLMixin:
                     out.append(("reward", node, coef))
                 elif LOSS_RE.search(tgt_code) or LOSS_RE.search(names):
                     out.append(("loss", node, coef))
+                elif isinstance(tgt, cst.Name) and self._flows_to_loss(tgt.value, scope, node):
+                    out.append(("loss", node, coef))  # per_token = ... + beta * kl; return per_token.sum() / n
             elif isinstance(node, cst.Return) and node.value is not None and scope is not None:
                 coef = self._coef_of(node.value, name)
                 if coef is not _MISSING and coef is not None:
@@ -200,6 +202,27 @@ class KLMixin:
         if re.search(r"reward", info.name, re.I):
             return "reward"
         return None
+
+    def _flows_to_loss(self, name: str, scope, after, depth: int = 0) -> bool:
+        """Whether *name* (assigned at *after*) reaches what ``backward()`` receives: through later
+        assignments of this function, into its return when the caller back-propagates it."""
+        if scope is None or depth > 4:
+            return False
+        started = False
+        for n in walk(scope.node.body):
+            if n is after:
+                started = True
+                continue
+            if not started:
+                continue
+            if isinstance(n, cst.Return) and n.value is not None and name in _names_in(n.value):
+                return self.result_role(scope) == "loss"
+            if isinstance(n, cst.Assign) and len(n.targets) == 1 and isinstance(n.targets[0].target, cst.Name) \
+                    and name in _names_in(n.value) and n.targets[0].target.value != name:
+                tgt = n.targets[0].target.value
+                if LOSS_RE.search(tgt) or self._backward_on(tgt, scope) or self._flows_to_loss(tgt, scope, n, depth + 1):
+                    return True
+        return False
 
     def _backward_on(self, name: str, scope) -> bool:
         body = scope.node if scope is not None else self.p.module
@@ -352,3 +375,25 @@ class KLMixin:
                 return "k1"
         return ""
 
+
+
+def _k3_shape(e) -> bool:
+    """``exp(d) - d - 1`` in any order (``torch.exp(d) - 1 - d``, ``d.exp() - d - 1``): the k3 KL estimator
+    of a log-ratio d, whatever the variable holding it is called."""
+    subtracted = set()
+    for n in walk(e):
+        if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Subtract):
+            subtracted.add(_code(n.right).strip("() "))
+    if not ("1" in subtracted or "1.0" in subtracted):
+        return False
+    for n in walk(e):
+        if isinstance(n, cst.Call) and _last(n.func) == "exp":
+            if n.args and len(n.args) == 1:
+                arg = n.args[0].value
+            elif not n.args and isinstance(n.func, cst.Attribute):
+                arg = n.func.value
+            else:
+                continue
+            if _code(arg).strip("() ") in subtracted:
+                return True
+    return False

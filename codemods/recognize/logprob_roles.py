@@ -56,7 +56,17 @@ class LogProbRolesMixin:
             if isinstance(expr, cst.Name):
                 for e in self.p.assignments_of(expr.value, scope):
                     if e is not None:
-                        return self._logprob_pair(e, scope, depth + 1)
+                        inner = self._logprob_pair(e, scope, depth + 1)
+                        if inner is not None:
+                            return inner
+            else:
+                # a named log-ratio inside the KL expression: ``r = ref_lp - lp; kl = exp(r) - 1 - r``
+                for n in walk(expr):
+                    if isinstance(n, cst.Name):
+                        for e in self.p.assignments_of(n.value, scope):
+                            if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, cst.Subtract) and \
+                                    all(isinstance(x, (cst.Name, cst.Attribute, cst.Subscript)) for x in (e.left, e.right)):
+                                return [(e.left, scope), (e.right, scope)]
         return None
 
     def _bind_back(self, side, sc, call, info, offset, caller_scope):
@@ -179,6 +189,22 @@ class LogProbRolesMixin:
                         optimised.add(_code(arg))
             if last == "backward" and isinstance(call.func, cst.Attribute) and call.args:
                 optimised.add(_code(call.func.value))  # deepspeed engine.backward(loss)
+            if "deepspeed.initialize" in qs:
+                # an engine built with no optimizer (no optimizer= / model_parameters= and no "optimizer"
+                # in its config) never updates its weights: a frozen model (the reference)
+                parent = self.p.parents.get(call)
+                target = None
+                if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+                    t = parent.targets[0].target
+                    target = t.elements[0].value if isinstance(t, (cst.Tuple, cst.List)) and t.elements else t
+                cfg = _kwarg(call, "config") or _kwarg(call, "config_params")
+                rec = self.p.ev_record(cfg, scope) if cfg is not None else None
+                if target is not None and rec is not None and rec.kind == "dict":
+                    if _kwarg(call, "optimizer") is None and _kwarg(call, "model_parameters") is None and \
+                            "optimizer" not in rec.fields:
+                        frozen.add(_code(target))
+                    else:
+                        optimised.add(_code(target))
         out = {}
         for m in frozen:
             out[m] = "ref"
