@@ -44,7 +44,7 @@ from __future__ import annotations
 from .._static import Program
 from .advantages import AdvantagesMixin
 from .base import TRAINER_QNAMES, Analysis, RecognizerBase
-from .batches import BatchesMixin
+from .batches import BatchesMixin, GroupBufferMixin
 from .clip_loss import ClipLossMixin
 from .configs import ConfigSitesMixin
 from .frameworks import FrameworksMixin
@@ -65,7 +65,7 @@ from .semantics import SemanticsMixin
 __all__ = ["Analysis", "Recognizer", "analyze"]
 
 
-class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, BatchesMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin,
+class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, BatchesMixin, GroupBufferMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin,
                  ClipLossMixin, LogProbRolesMixin, RewardMixin, RefusalsMixin, ProbeMixin, LossAggMixin, PolicyGradientMixin,
                  SemanticsMixin, FrameworksMixin, ReportMixin, RecognizerBase):
     def run(self) -> Analysis:
@@ -115,6 +115,7 @@ class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, BatchesMixi
         self.extract_prompt_length()
         self.extract_run_values()  # values.py: seed, evaluation interval, prompts per step
         self.extract_batches()  # batches.py: prompts per step from the data the rollout draws; epochs x batches
+        self.extract_group_buffer()  # batches.py: N groups collected per step, k groups per optimizer step
         self.on_policy_minibatch()  # policy_gradient.py: the whole batch per optimizer step
         self.extract_save()
         self.extract_hooks(trl)

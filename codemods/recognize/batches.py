@@ -326,3 +326,128 @@ def _keep_shape(e):
     while isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and e.func.attr.value in _SHAPE_KEEPING:
         e = e.func.value
     return e
+
+
+class GroupBufferMixin:
+    """A step that fills a container with N groups (``while not buf.full(): buf.push(group)`` or
+    ``while len(groups) < N: groups.append(group)``) samples N prompts x G responses; draining it k groups
+    per optimizer step (``[buf.pop() for _ in range(k)]``) makes minibatches of k x G samples. A group
+    skipped before it is stored (``if <condition>: continue``) is dynamic sampling, which is warned."""
+
+    def extract_group_buffer(self) -> None:
+        c = self.a.config
+        g = c.get("algorithm.group_size")
+        if not isinstance(g, int) or isinstance(g, bool) or c.get("algorithm.name") not in ("grpo", "rloo"):
+            return
+        loop, scope = self.main_loop, self.loop_func
+        fills = []
+        for w in walk(loop.body):
+            if isinstance(w, cst.While) and w is not loop and "gen" in self.reach(w):
+                r = self._fill_target(w, scope)
+                if r is not None:
+                    fills.append((w, *r))
+        if len(fills) != 1:
+            return
+        w, buf, cap = fills[0]
+        pushes = [n for n in walk(w.body) if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and
+                  n.func.attr.value in ("push", "append", "add", "put") and _code_of(n.func.value) == buf and n.args]
+        if len(pushes) != 1 or not self._is_group(pushes[0].args[0].value, scope, g):
+            return
+        skips = [n for n in walk(w.body) if isinstance(n, cst.Continue)]
+        if skips:
+            self.a.warn(f"{self.loc(self.p.line(skips[0]))}: groups are rejected and sampled again before they are "
+                        "stored (dynamic sampling, e.g. groups whose rewards are all equal); MegatronTrainer keeps "
+                        "every group it samples: this filter is dropped")
+        if "data.rollout_batch_size" not in c and isinstance(cap, Known):
+            self.emit("data.rollout_batch_size", cap, "the groups collected per step")
+            self.a.warn(f"data.rollout_batch_size = {cap.value}: the loop at {self.loc(self.p.line(w))} collects "
+                        f"{cap.value} groups of {g} responses per step")
+        if "algorithm.mini_batch_size" in c:
+            return
+        for d in walk(loop.body):
+            if not (isinstance(d, cst.While) and d is not w and "backward" in self.reach(d)):
+                continue
+            pops = [n for n in walk(d.body) if isinstance(n, (cst.ListComp, cst.GeneratorExp)) and
+                    isinstance(n.elt, cst.Call) and isinstance(n.elt.func, cst.Attribute) and
+                    n.elt.func.attr.value in ("pop", "popleft", "get") and _code_of(n.elt.func.value) == buf and
+                    n.for_in.inner_for_in is None and isinstance(n.for_in.iter, cst.Call) and
+                    _last(n.for_in.iter.func) == "range" and len(n.for_in.iter.args) == 1]
+            steps = [s for s, _ in self.optimizer_steps(loop) if any(x is d for x in self.p.ancestors(s))]
+            if len(pops) == 1 and len(steps) == 1 and \
+                    not any(isinstance(x, (cst.If, cst.For, cst.While)) and x is not d
+                            for x in self._between(steps[0], d)):
+                k = self.p.ev(pops[0].for_in.iter.args[0].value, scope)
+                if isinstance(k, Known) and isinstance(k.value, int) and not isinstance(k.value, bool):
+                    self.emit("algorithm.mini_batch_size", Known(k.value * g, k.line), "the samples per step")
+                    self.a.warn(f"algorithm.mini_batch_size = {k.value * g}: each optimizer step "
+                                f"({self.loc(self.p.line(steps[0]))}) takes {k.value} groups of {g} responses")
+            return
+
+    def _between(self, node, top):
+        out = []
+        for anc in self.p.ancestors(node):
+            if anc is top:
+                break
+            out.append(anc)
+        return out
+
+    def _fill_target(self, w, scope):
+        """(container code, capacity Ev) of ``while not buf.full():`` / ``while len(buf) < N:``."""
+        t = w.test
+        if isinstance(t, cst.UnaryOperation) and isinstance(t.operator, cst.Not) and isinstance(t.expression, cst.Call):
+            call = t.expression
+            if not (isinstance(call.func, cst.Attribute) and not call.args):
+                return None
+            recv = call.func.value
+            cls = self.p.instance_class(recv, scope)
+            info = self.p.funcs_by_qual.get(f"{cls}.{call.func.attr.value}") if cls else None
+            if info is None:
+                return None
+            rets = [n for n in walk(info.node.body) if isinstance(n, cst.Return)]
+            if len(rets) != 1 or not isinstance(rets[0].value, cst.Comparison) or \
+                    len(rets[0].value.comparisons) != 1 or \
+                    not isinstance(rets[0].value.comparisons[0].operator, (cst.Equal, cst.GreaterThanEqual)):
+                return None
+            left, right = rets[0].value.left, rets[0].value.comparisons[0].comparator
+            if not (isinstance(left, cst.Call) and _last(left.func) == "len"):
+                return None
+            if isinstance(right, cst.Attribute) and isinstance(right.value, cst.Name) and right.value.value == "self":
+                stores = self.p.self_assignments(cls, right.attr.value)
+                init = self.p.funcs_by_qual.get(f"{cls}.__init__")
+                ctor = [e for e in self.p.assignments_of(recv.value, scope) if e is not None] \
+                    if isinstance(recv, cst.Name) else []
+                if len(stores) != 1 or init is None or stores[0][1] is not init or len(ctor) != 1 or \
+                        not isinstance(ctor[0], cst.Call):
+                    return None
+                bound = self._bind_call(ctor[0], scope, {}, init, 1)
+                cap = self._ev_in(stores[0][0], init, bound or {})
+            else:
+                cap = self.p.ev(right, info)
+            return _code_of(recv), cap
+        if isinstance(t, cst.Comparison) and len(t.comparisons) == 1 and \
+                isinstance(t.comparisons[0].operator, cst.LessThan) and isinstance(t.left, cst.Call) and \
+                _last(t.left.func) == "len" and len(t.left.args) == 1:
+            return _code_of(t.left.args[0].value), self.p.ev(t.comparisons[0].comparator, scope)
+        return None
+
+    def _is_group(self, value, scope, g) -> bool:
+        """*value* holds G responses of one prompt: ``[rollout(...) for _ in range(G)]`` (directly or
+        through its one assignment)."""
+        if isinstance(value, cst.Name):
+            exprs = [e for e in self.p.assignments_of(value.value, scope) if e is not None]
+            if len(exprs) != 1:
+                return False
+            value = exprs[0]
+        if not (isinstance(value, cst.ListComp) and value.for_in.inner_for_in is None and
+                isinstance(value.for_in.iter, cst.Call) and _last(value.for_in.iter.func) == "range" and
+                len(value.for_in.iter.args) == 1):
+            return False
+        n = self.p.ev(value.for_in.iter.args[0].value, scope)
+        gen = isinstance(value.elt, cst.Call) and (
+            "gen" in self.call_tags(value.elt) or
+            (lambda t: t is not None and "gen" in self.reach(t[0].node))(self.p.resolve_callee(value.elt, scope)))
+        return isinstance(n, Known) and n.value == g and gen
+
+
+def _code_of(node) -> str:
+    return cst.Module(body=[]).code_for_node(node)

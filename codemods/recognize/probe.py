@@ -103,6 +103,15 @@ class RA(float):
         if k.startswith("__"):
             raise AttributeError(k)
         return self
+class RD(float):
+    """A sample record holding a reward: every attribute or item of it is the plain number
+    (sample["reward"], sample.reward), for groups given as lists of samples."""
+    def __getattr__(self, k):
+        if k.startswith("__"):
+            raise AttributeError(k)
+        return float(self)
+    def __getitem__(self, k):
+        return float(self)
 B, G = 3, 4
 class NS:
     """A settings object: every attribute is the group size (args.group_size, cfg.num_generations)."""
@@ -143,7 +152,7 @@ for block in spec["blocks"]:
         out.append([])
         continue
     found = []
-    roles = ["rewards", "G", "B", "Blist", "ns", "groups"]
+    roles = ["rewards", "G", "B", "Blist", "ns", "groups", "glists"]
     # a name unzipped into (reward, extra) pairs (rewards, info = zip(*results)) holds pairs
     import re as _re
     paired = set(_re.findall(r"zip\(\*\s*(\w+)\s*\)", block["code"]))
@@ -154,10 +163,11 @@ for block in spec["blocks"]:
     for combo in itertools.product(*per_input):
         if _time.time() - _t0 > 8.0:
             break  # a block this slow on toy inputs is not an advantage computation
-        if combo.count("rewards") + combo.count("groups") + combo.count("pairs") != 1:
+        if combo.count("rewards") + combo.count("groups") + combo.count("glists") + combo.count("pairs") != 1:
             continue
+        whole = "groups" in combo or "glists" in combo  # every group at once: one run, whatever the scope
         for fname, rew, shape in forms():
-            if (shape == "group") != (block["scope"] == "group"):
+            if whole and fname != "list" or not whole and (shape == "group") != (block["scope"] == "group"):
                 continue
             env = {"np": np, "math": math, "__cap": [], "R": R}
             if spec["torch"]:
@@ -166,8 +176,9 @@ for block in spec["blocks"]:
             for name, role in zip(inputs, combo):
                 env[name] = {"rewards": rew, "G": G, "B": B, "Blist": list(range(B)), "ns": NS(), "T": True, "F": False,
                              "groups": {i: [R(x) for x in REW[i * G:(i + 1) * G]] for i in range(B)},
+                             "glists": [[RD(x) for x in REW[i * G:(i + 1) * G]] for i in range(B)],
                              "pairs": [(x, {}) for x in rew] if isinstance(rew, list) else None}[role]
-            if "groups" in combo and shape != "flat":
+            if ("groups" in combo or "glists" in combo) and shape != "flat":
                 continue
             try:
                 run_limited(code, env)
@@ -178,7 +189,8 @@ for block in spec["blocks"]:
             got = [x for v in vals for x in v]
             if not got or any(x != x for x in got):
                 continue
-            found.append({"combo": dict(zip(inputs, combo)), "form": fname, "shape": "flat" if "groups" in combo else shape, "out": got})
+            found.append({"combo": dict(zip(inputs, combo)), "form": fname,
+                          "shape": "flat" if "groups" in combo or "glists" in combo else shape, "out": got})
     out.append(found)
 print(json.dumps(out))
 '''

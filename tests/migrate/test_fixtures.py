@@ -292,6 +292,14 @@ EXPECT = {
         {"algorithm.kl.estimator": 35, "trainer.total_steps": 12}, [],
         ["trainer.total_steps counts a fresh run from first = 0", "runs once per rollout batch"],
         {"absent": ["data.rollout_batch_size"]}),
+    # groups sampled until N with mixed rewards are kept (the rejection is dynamic sampling: warned), then
+    # spent k groups per optimizer step; the advantage helper takes one group (a list of sample records)
+    "filtered_groups_clip": ("migrated", {
+        "algorithm.name": "grpo", "algorithm.group_size": 5, "data.rollout_batch_size": 10,
+        "algorithm.mini_batch_size": 10, "algorithm.clip_ratio_low": 0.2, "algorithm.clip_ratio_high": 0.3,
+        "algorithm.norm_adv_by_std": True, "trainer.total_steps": 250},
+        {"data.rollout_batch_size": 6, "algorithm.mini_batch_size": 8}, [],
+        ["dynamic sampling", "collects 10 groups of 5 responses per step", "takes 2 groups of 5 responses"]),
 }
 
 
