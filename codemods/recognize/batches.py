@@ -23,7 +23,7 @@ import libcst as cst
 from .._static import FuncInfo, Known, walk
 from .base import _kwarg, _last
 
-_WRAPPERS = ("enumerate", "tqdm", "iter", "trange")
+_WRAPPERS = ("enumerate", "tqdm", "iter", "trange", "cycle")
 
 
 class BatchesMixin:
@@ -216,7 +216,7 @@ class BatchesMixin:
                 dl = self.data_loader(lp.iter, scope)
                 if dl is not None:
                     found.append((lp, dl))
-        if len(found) == 1:
+        if len(found) == 1 and self._steps_every_batch(found[0][0]):
             lp, (bs, ds, sc, en, drop) = found[0]
             if "data.rollout_batch_size" not in c:
                 self.emit("data.rollout_batch_size", bs, "the DataLoader batch size")
@@ -236,6 +236,19 @@ class BatchesMixin:
             k = self.next_draws()
             if k is not None:
                 self.emit("data.rollout_batch_size", k, "the prompts drawn per step")
+
+    def _steps_every_batch(self, lp) -> bool:
+        """No optimizer step in the loop's reach waits for several of its batches (``if i % k == 0:``):
+        then one batch of the loader is one training step."""
+        from .base import _find_modulo
+
+        for call, _ in self.optimizer_steps(lp):
+            for anc in self.p.ancestors(call):
+                if anc is lp:
+                    break
+                if isinstance(anc, cst.If) and _find_modulo(anc.test) is not None:
+                    return False
+        return True
 
     def next_draws(self):
         """N of ``for _ in range(N): x = next(it)`` / ``[next(it) for _ in range(N)]`` in the code that
@@ -266,11 +279,21 @@ class BatchesMixin:
                     elif isinstance(anc, cst.FunctionDef):
                         break
                 if holder is not None and holder != "nested":
-                    hits.append((holder, self.p.func_of(n) or sc))
+                    hits.append((holder, self.p.func_of(n) or sc, n))
         if len(hits) != 1:
             return None
-        holder, sc = hits[0]
-        return self.p.ev(holder.iter.args[0].value, sc)
+        holder, sc, drawn = hits[0]
+        if isinstance(holder, cst.For) and ({"gen", "backward"} & self.reach(holder)):
+            return None  # a loop that also generates or trains is no draw of prompts
+        n = self.p.ev(holder.iter.args[0].value, sc)
+        src = drawn.args[0].value if drawn.args else None
+        dl = self.data_loader(src, sc) if src is not None else None
+        if dl is not None:  # next(iter(loader)) draws a batch: N batches of bs prompts
+            bs = dl[0]
+            if isinstance(n, Known) and isinstance(bs, Known) and isinstance(bs.value, int):
+                return Known(n.value * bs.value, n.line)
+            return None
+        return n
 
     def _generates_each_time_call(self, call, loop) -> bool:
         for anc in self.p.ancestors(call):

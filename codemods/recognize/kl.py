@@ -206,7 +206,7 @@ class KLMixin:
     def _flows_to_loss(self, name: str, scope, after, depth: int = 0) -> bool:
         """Whether *name* (assigned at *after*) reaches what ``backward()`` receives: through later
         assignments of this function, into its return when the caller back-propagates it."""
-        if scope is None or depth > 4:
+        if scope is None or depth > 2:
             return False
         started = False
         for n in walk(scope.node.body):
@@ -220,6 +220,8 @@ class KLMixin:
             if isinstance(n, cst.Assign) and len(n.targets) == 1 and isinstance(n.targets[0].target, cst.Name) \
                     and name in _names_in(n.value) and n.targets[0].target.value != name:
                 tgt = n.targets[0].target.value
+                if tgt in self.reward_tensor_names() or re.search(r"reward|score|return|adv", tgt, re.I):
+                    return False  # into the rewards (and the advantages from them): not a loss term
                 if LOSS_RE.search(tgt) or self._backward_on(tgt, scope) or self._flows_to_loss(tgt, scope, n, depth + 1):
                     return True
         return False

@@ -200,8 +200,11 @@ class LogProbRolesMixin:
                 cfg = _kwarg(call, "config") or _kwarg(call, "config_params")
                 rec = self.p.ev_record(cfg, scope) if cfg is not None else None
                 if target is not None and rec is not None and rec.kind == "dict":
+                    trained = any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and
+                                  n.func.attr.value in ("backward", "step") and _code(n.func.value) == _code(target)
+                                  for n in walk(scope.node if scope is not None else self.p.module))
                     if _kwarg(call, "optimizer") is None and _kwarg(call, "model_parameters") is None and \
-                            "optimizer" not in rec.fields:
+                            "optimizer" not in rec.fields and not trained:
                         frozen.add(_code(target))
                     else:
                         optimised.add(_code(target))
