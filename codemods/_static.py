@@ -242,6 +242,8 @@ class Program:
         self.derived_fields: dict = {}
         self._stack: set = set()
         self._value_uses: Optional[set] = None
+        # set while the recogniser checks how a per-rank value scales with the world size (None: run time)
+        self.assume_world_size: Optional[int] = None
         self.modules: list[cst.Module] = [self.module]
         self.local_modules: dict[str, "Program"] = {}  # module name -> its Program (same folder)
         self.source_dir = source_dir
@@ -1128,6 +1130,9 @@ class Program:
         q = self._resolve_qual(node.func) or ""
         qs = self.qnames(node.func) | {q}
         for name in qs:
+            if self.assume_world_size is not None and (name.endswith(".get_world_size") or
+                                                       name.endswith("get_data_parallel_world_size")):
+                return Known(self.assume_world_size, line)
             if name in RUNTIME_CALLS or name.endswith(".get_world_size") or name.endswith("get_data_parallel_world_size"):
                 return Runtime(f"{dotted(node.func) or name}() is {RUNTIME_CALLS.get(name, 'known only at run time')}", line)
         if isinstance(node.func, cst.Name) and node.func.value in ("float", "int") and len(node.args) == 1:

@@ -44,7 +44,7 @@ from __future__ import annotations
 from .._static import Program
 from .advantages import AdvantagesMixin
 from .base import TRAINER_QNAMES, Analysis, RecognizerBase
-from .batches import BatchesMixin, GroupBufferMixin
+from .batches import BatchesMixin, GroupBufferMixin, PerRankMixin, PerRankMixin
 from .clip_loss import ClipLossMixin
 from .configs import ConfigSitesMixin
 from .frameworks import FrameworksMixin
@@ -65,7 +65,7 @@ from .semantics import SemanticsMixin
 __all__ = ["Analysis", "Recognizer", "analyze"]
 
 
-class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, BatchesMixin, GroupBufferMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin,
+class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, BatchesMixin, GroupBufferMixin, PerRankMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin,
                  ClipLossMixin, LogProbRolesMixin, RewardMixin, RefusalsMixin, ProbeMixin, LossAggMixin, PolicyGradientMixin,
                  SemanticsMixin, FrameworksMixin, ReportMixin, RecognizerBase):
     def run(self) -> Analysis:

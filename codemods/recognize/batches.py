@@ -20,7 +20,7 @@ from typing import Optional
 
 import libcst as cst
 
-from .._static import FuncInfo, Known, walk
+from .._static import FuncInfo, Known, Runtime, walk
 from .base import _kwarg, _last
 
 _WRAPPERS = ("enumerate", "tqdm", "iter", "trange", "cycle")
@@ -218,6 +218,8 @@ class BatchesMixin:
                     found.append((lp, dl))
         if len(found) == 1 and self._steps_every_batch(found[0][0]):
             lp, (bs, ds, sc, en, drop) = found[0]
+            if isinstance(bs, Runtime) and "world size" in bs.why:
+                bs = self.global_of_per_rank(lambda: self.data_loader(lp.iter, scope)[0], "the DataLoader batch size") or bs
             if "data.rollout_batch_size" not in c:
                 self.emit("data.rollout_batch_size", bs, "the DataLoader batch size")
             if "trainer.total_steps" not in c and lp is not self.main_loop and isinstance(bs, Known) and \
@@ -234,6 +236,8 @@ class BatchesMixin:
                                 f"of {bs.value} from a dataset of {n} prompts ({self.loc(self.p.line(lp))})")
         if "data.rollout_batch_size" not in c:
             k = self.next_draws()
+            if isinstance(k, Runtime) and "world size" in k.why:
+                k = self.global_of_per_rank(self.next_draws, "the prompts drawn per step") or k
             if k is not None:
                 self.emit("data.rollout_batch_size", k, "the prompts drawn per step")
 
@@ -349,6 +353,36 @@ def _keep_shape(e):
     while isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and e.func.attr.value in _SHAPE_KEEPING:
         e = e.func.value
     return e
+
+
+def _programs(p) -> list:
+    return [p] + list(getattr(p, "local_modules", {}).values())
+
+
+class PerRankMixin:
+    def global_of_per_rank(self, compute, what: str):
+        """A per-rank share of a global count (``64 // world_size // G`` prompts per rank): *compute* run
+        with the world size 1, 2, 4 and 8 gives n / W each time, so the whole step draws n (the value at
+        W = 1); None when it does not scale so (the world size multiplies it, or anything else is unknown)."""
+        vals = {}
+        progs = _programs(self.p)
+        for w in (1, 2, 4, 8):
+            for q in progs:
+                q.assume_world_size = w
+            try:
+                v = compute()
+            finally:
+                for q in progs:
+                    q.assume_world_size = None
+            if not (isinstance(v, Known) and isinstance(v.value, int) and not isinstance(v.value, bool) and v.value > 0):
+                return None
+            vals[w] = v
+        n = vals[1].value
+        if any(v.value * w != n for w, v in vals.items()):
+            return None
+        self.a.warn(f"{what} at {self.loc(vals[1].line)} is a per-rank share of {n} (it is {n} / world size "
+                    f"on each rank for 1, 2, 4 and 8 ranks): the whole step uses {n}")
+        return vals[1]
 
 
 class GroupBufferMixin:

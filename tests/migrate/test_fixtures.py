@@ -282,16 +282,16 @@ EXPECT = {
     # no ratio on DeepSpeed engines: engine.step() per micro-batch, but gradient_accumulation_steps is that
     # loop's count (N // m for range(0, N, m)): one update per rollout batch; the reference engine has no
     # optimizer (frozen); k3 on a log-ratio named `gap`, summed into a per-token term that the returned loss
-    # reads (placement by flow, not by name); a fresh run from `first = 0` (resume branch warned); the batch
-    # is a per-rank share (run time), so the minibatch is null: the whole batch
+    # reads (placement by flow, not by name); a fresh run from `first = 0` (resume branch warned); each rank
+    # draws 64 // world_size // 8 prompts: n / W for W = 1, 2, 4, 8, so the whole step draws 8 (x 8 = 64)
     "deepspeed_accum_frozen_ref": ("migrated", {
         "algorithm.name": "grpo", "algorithm.group_size": 8, "algorithm.kl.estimator": "k3",
         "algorithm.kl.placement": "loss", "algorithm.kl.coef": 0.02, "algorithm.ppo_epochs": 1,
-        "trainer.total_steps": 600, "algorithm.mini_batch_size": None, "algorithm.micro_batch_size": 4,
-        "optim.actor.clip_grad": 0.5, "optim.actor.lr": 2e-6},
-        {"algorithm.kl.estimator": 35, "trainer.total_steps": 12}, [],
-        ["trainer.total_steps counts a fresh run from first = 0", "runs once per rollout batch"],
-        {"absent": ["data.rollout_batch_size"]}),
+        "trainer.total_steps": 600, "data.rollout_batch_size": 8, "algorithm.mini_batch_size": 64,
+        "algorithm.micro_batch_size": 4, "optim.actor.clip_grad": 0.5, "optim.actor.lr": 2e-6},
+        {"algorithm.kl.estimator": 37, "trainer.total_steps": 13}, [],
+        ["trainer.total_steps counts a fresh run from first = 0", "runs once per rollout batch",
+         "is a per-rank share of 8"]),
     # groups sampled until N with mixed rewards are kept (the rejection is dynamic sampling: warned), then
     # spent k groups per optimizer step; the advantage helper takes one group (a list of sample records)
     "filtered_groups_clip": ("migrated", {
