@@ -968,7 +968,12 @@ class Program:
         if param.star in ("*", "**"):
             return None
         sites = self.calls_by_callee().get(info.qual, [])
-        # a function also used as a value (callback) has call sites we cannot see
+        # a function also used as a value (callback) has call sites we cannot see, unless every such use
+        # is ``functools.partial(f, name=value)`` binding this parameter (the only way it is then called)
+        if self._used_as_value(info) or not sites:
+            bound = self._partial_binding(info, name)
+            if bound is not None:
+                return bound
         if self._used_as_value(info):
             sites = None
         vals = []
@@ -991,6 +996,29 @@ class Program:
         if all(_same(v.value, first.value) for v in vals):
             return first
         return None
+
+    def _partial_binding(self, info: FuncInfo, name: str) -> Ev:
+        """The value every ``functools.partial(f, ..., name=v)`` of *info* binds, when the function is used
+        as a value only there (and never called directly); None otherwise."""
+        if info.cls is not None or self.calls_by_callee().get(info.qual):
+            return None
+        uses, vals = 0, []
+        for node in self.all_nodes():
+            if isinstance(node, cst.Name) and node.value == info.name:
+                parent = self.parents.get(node)
+                if isinstance(parent, (cst.FunctionDef, cst.ImportAlias, cst.AsName)):
+                    continue
+                uses += 1
+            if isinstance(node, cst.Call) and node.args and isinstance(node.args[0].value, cst.Name) and \
+                    node.args[0].value.value == info.name and \
+                    (self.qnames(node.func) | {dotted(node.func) or ""}) & {"functools.partial", "partial"}:
+                kw = [a.value for a in node.args if a.keyword is not None and a.keyword.value == name]
+                if len(kw) != 1:
+                    return None
+                vals.append(self.ev(kw[0], self.func_of(node)))
+        if not vals or uses != len(vals) or not all(isinstance(v, Known) for v in vals):
+            return None
+        return vals[0] if all(_same(v.value, vals[0].value) for v in vals) else None
 
     def _used_as_value(self, info: FuncInfo) -> bool:
         if info.cls is not None or info.parent is not None:
