@@ -435,6 +435,14 @@ class Program:
             for t in node.targets:
                 if isinstance(t.target, cst.Name):
                     self._record_assign(assigns, t.target.value, node.value if len(node.targets) == 1 else node.value)
+                elif isinstance(t.target, (cst.Tuple, cst.List)) and isinstance(node.value, (cst.Tuple, cst.List)) and \
+                        len(t.target.elements) == len(node.value.elements) and \
+                        all(isinstance(el.value, cst.Name) and not isinstance(el, cst.StarredElement)
+                            for el in t.target.elements) and \
+                        not any(isinstance(el, cst.StarredElement) for el in node.value.elements):
+                    # GAMMA, LAM = 1.0, 0.95: each name gets its own element
+                    for el, v in zip(t.target.elements, node.value.elements):
+                        self._record_assign(assigns, el.value.value, v.value)
                 else:
                     for n in walk(t.target):
                         if isinstance(n, cst.Name) and not self._is_attr_part(t.target, n):

@@ -300,6 +300,13 @@ EXPECT = {
         "algorithm.norm_adv_by_std": True, "trainer.total_steps": 250},
         {"data.rollout_batch_size": 6, "algorithm.mini_batch_size": 8}, [],
         ["dynamic sampling", "collects 10 groups of 5 responses per step", "takes 2 groups of 5 responses"]),
+    # GAMMA, LAM = 1.0, 0.95 (one tuple assignment: each name its element; an unresolved lambda factor is
+    # left out, never 1.0); torch.clamp(ratio, 0.8, 1.2) on exp(new - old) is clip_ratio 0.2
+    "ppo_tuple_consts_loader": ("migrated", {
+        "algorithm.name": "ppo", "algorithm.gamma": 1.0, "algorithm.lam": 0.95, "algorithm.clip_ratio": 0.2,
+        "algorithm.ppo_epochs": 2, "algorithm.mini_batch_size": 2, "data.rollout_batch_size": 4,
+        "trainer.total_steps": 6, "algorithm.kl.coef": 0.1, "algorithm.kl.placement": "reward"},
+        {"algorithm.lam": 7, "algorithm.clip_ratio": 42, "trainer.total_steps": 21}, [], []),
 }
 
 
