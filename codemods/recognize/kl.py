@@ -206,17 +206,17 @@ class KLMixin:
     def _flows_to_loss(self, name: str, scope, after, depth: int = 0) -> bool:
         """Whether *name* (assigned at *after*) reaches what ``backward()`` receives: through later
         assignments of this function, into its return when the caller back-propagates it."""
-        if scope is None or depth > 2:
+        if depth > 2:
             return False
         started = False
-        for n in walk(scope.node.body):
+        for n in walk(scope.node.body if scope is not None else self.p.module):
             if n is after:
                 started = True
                 continue
             if not started:
                 continue
             if isinstance(n, cst.Return) and n.value is not None and name in _names_in(n.value):
-                return self.result_role(scope) == "loss"
+                return scope is not None and self.result_role(scope) == "loss"
             if isinstance(n, cst.Assign) and len(n.targets) == 1 and isinstance(n.targets[0].target, cst.Name) \
                     and name in _names_in(n.value) and n.targets[0].target.value != name:
                 tgt = n.targets[0].target.value

@@ -187,6 +187,15 @@ class LogProbRolesMixin:
                     arg = _call_arg(call, 1, "model_chunks")
                     if arg is not None:
                         optimised.add(_code(arg))
+            if last == "parameters" and isinstance(call.func, cst.Attribute):
+                # for p in ref.parameters(): p.requires_grad = False
+                loop = self.p.parents.get(call)
+                if isinstance(loop, cst.For) and loop.iter is call and isinstance(loop.target, cst.Name):
+                    var = loop.target.value
+                    for n in walk(loop.body):
+                        if isinstance(n, cst.Assign) and len(n.targets) == 1 and \
+                                _code(n.targets[0].target) == f"{var}.requires_grad" and _code(n.value) == "False":
+                            frozen.add(_code(call.func.value))
             if last == "backward" and isinstance(call.func, cst.Attribute) and call.args:
                 optimised.add(_code(call.func.value))  # deepspeed engine.backward(loss)
             if "deepspeed.initialize" in qs:

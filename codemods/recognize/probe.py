@@ -357,9 +357,12 @@ class ProbeMixin:
             for n in walk(f.node.body):
                 if isinstance(n, cst.FunctionDef):
                     continue
-                if not isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign)) or n.value is None:
+                if _collect_site(n):
+                    v = n.value.args[0].value  # out.extend((g - g.mean()) / g.std()): the list it fills
+                elif not isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign)) or n.value is None:
                     continue
-                v = n.value
+                else:
+                    v = n.value
                 centred = any(isinstance(b, cst.BinaryOperation) and isinstance(b.operator, cst.Subtract)
                               and self._is_baseline(b.right, f) for b in walk(v))
                 if centred:
@@ -651,7 +654,8 @@ class ProbeMixin:
             if isinstance(a, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and _targets(a) & set(inputs) and \
                     any(any(x is a for x in walk(l.body)) for l in loops):
                 scope = "group"
-        cap_last = isinstance(site, cst.Assign) and isinstance(site.targets[0].target, cst.Subscript)
+        cap_last = isinstance(site, cst.Assign) and isinstance(site.targets[0].target, cst.Subscript) or \
+            _collect_site(site)
         return {"code": code, "inputs": inputs, "consts": consts, "scope": scope, "cap_last": cap_last, "flags": flags,
                 "torch": True}
 
@@ -754,7 +758,16 @@ def _stmt_code(small) -> str:
     return _code(small)
 
 
+def _collect_site(n) -> bool:
+    """``xs.extend(v)`` / ``xs.append(v)`` as a statement: a block may fill a list group by group."""
+    return isinstance(n, cst.Expr) and isinstance(n.value, cst.Call) and isinstance(n.value.func, cst.Attribute) \
+        and n.value.func.attr.value in ("extend", "append") and isinstance(n.value.func.value, cst.Name) \
+        and len(n.value.args) == 1 and n.value.args[0].keyword is None
+
+
 def _capture_target(site) -> Optional[str]:
+    if _collect_site(site):
+        return site.value.func.value.value  # the list, captured whole after its last fill
     if isinstance(site, cst.AnnAssign) and isinstance(site.target, cst.Name):
         return site.target.value
     if isinstance(site, cst.Assign):
@@ -769,6 +782,8 @@ def _capture_target(site) -> Optional[str]:
 def _targets(a) -> set:
     if isinstance(a, (cst.AugAssign, cst.AnnAssign)):
         return set(_loads(a.target))
+    if _collect_site(a):
+        return set()  # it fills a list that is already bound
     out = set()
     for t in a.targets:
         tg = t.target

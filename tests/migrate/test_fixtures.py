@@ -307,6 +307,15 @@ EXPECT = {
         "algorithm.ppo_epochs": 2, "algorithm.mini_batch_size": 2, "data.rollout_batch_size": 4,
         "trainer.total_steps": 6, "algorithm.kl.coef": 0.1, "algorithm.kl.placement": "reward"},
         {"algorithm.lam": 7, "algorithm.clip_ratio": 42, "trainer.total_steps": 21}, [], []),
+    # module level: `for p in reference.parameters(): p.requires_grad = False` freezes the reference; k3 in
+    # `per_tok`, which flows into `loss` (placement by flow at module level, coef 0.04, never 0.0); the
+    # advantage helper fills a list group by group with out.extend(...) (probed: population std)
+    "module_numpy_groups_k3": ("migrated", {
+        "algorithm.name": "grpo", "algorithm.group_size": 4, "algorithm.kl.coef": 0.04,
+        "algorithm.kl.estimator": "k3", "algorithm.kl.placement": "loss", "algorithm.clip_ratio": 0.2,
+        "algorithm.ppo_epochs": 2, "trainer.total_steps": 200, "optim.actor.clip_grad": 1.0},
+        {"algorithm.kl.coef": 13, "algorithm.name": 23}, [],
+        ["identified by running the block at module_numpy_groups_k3.py:23"], {"block": True}),
 }
 
 
