@@ -83,10 +83,39 @@ class KLMixin:
                          "is built but no KL term against it could be mapped; write the penalty as "
                          "`coef * (logp - ref_logp)` added to the loss or subtracted from the rewards (or remove "
                          "the reference model if the loop has no KL penalty)")
+            elif self._untrained_lms_in_loop():
+                # a second language model the loop runs but never trains is most likely a reference whose
+                # KL term was not recognised: 0.0 could be wrong, so the key stays out
+                a.warn("algorithm.kl.coef is left out: no KL term was recognised, but the loop runs a language "
+                       f"model that it never trains ({', '.join(self._untrained_lms_in_loop())}); set "
+                       "algorithm.kl.coef yourself (0.0 if it is not a reference for a KL penalty)")
             else:
                 self.emit("algorithm.kl.coef", Known(0.0, self.p.line(self.main_loop)))
                 a.warn("no KL penalty against a reference model was found (no frozen reference model either); "
                        "algorithm.kl.coef is set to 0.0")
+
+    def _untrained_lms_in_loop(self) -> list:
+        """Names of causal LMs loaded (``*ForCausalLM*.from_pretrained`` / ``deepcopy``) that no optimizer
+        trains and that the training loop uses."""
+        trained = {m for m, role in self.models().items() if role == "old"}
+        out = []
+        for call, scope in self.calls:
+            code = _code(call.func)
+            if not (("CausalLM" in code and code.endswith("from_pretrained")) or _last(call.func) == "deepcopy"):
+                continue
+            parent = self.p.parents.get(call)
+            if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1 and
+                    isinstance(parent.targets[0].target, cst.Name)):
+                continue
+            name = parent.targets[0].target.value
+            if name not in trained and name not in out and self._used_in_loop(name):
+                if any(isinstance(n, cst.Call) and _last(n.func) == "parameters" and
+                       isinstance(n.func, cst.Attribute) and _code(n.func.value) == name and
+                       any(_last(c.func) in OPTIMIZERS for c in self.p.ancestors(n) if isinstance(c, cst.Call))
+                       for n in self.p.all_nodes()):
+                    continue  # its parameters reach an optimizer: trained
+                out.append(name)
+        return out
 
     def _inline_kl(self) -> bool:
         """``rewards = scores - coef * (logp - ref_logp)``: a KL term written inline in a reward or loss."""
