@@ -86,6 +86,12 @@ class BatchesMixin:
                 continue
             if isinstance(expr, cst.Call):
                 return expr, scope, env
+            if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name) and expr.value.value == "self":
+                r = self._resolve_self_attr(expr.attr.value, scope)
+                if r is None:
+                    return None
+                expr, scope, env = r
+                continue
             if not isinstance(expr, cst.Name):
                 return None
             r = self._resolve_name(expr.value, scope, env)
@@ -93,6 +99,25 @@ class BatchesMixin:
                 return None
             expr, scope, env = r
         return None
+
+    def _resolve_self_attr(self, attr: str, scope):
+        """``self.loader`` in a method: its one assignment in the class, with ``__init__``'s parameters bound
+        at the one place the class is built (or to their defaults when it is built nowhere in the program)."""
+        cls = self.p.class_of(scope) if scope is not None else None
+        if cls is None:
+            return None
+        stores = self.p.self_assignments(cls, attr)
+        if len(stores) != 1 or stores[0][0] is None or stores[0][1] is None:
+            return None
+        val, fn = stores[0]
+        env: dict = {}
+        if fn.name == "__init__":
+            sites = self.p.calls_by_callee().get(fn.qual, [])
+            if len(sites) > 1:
+                return None
+            if sites:
+                env = self._bind_call(sites[0][0], sites[0][1], {}, fn, sites[0][2]) or {}
+        return val, fn, env
 
     def _returned_call(self, call: cst.Call, scope, env: dict):
         """A helper of the program with one ``return CALL``: that call with the helper's parameters bound."""

@@ -90,3 +90,44 @@ if __name__ == "__main__":
     r = recognizer(src)
     assert "data.rollout_batch_size" not in r.a.config, r.a.config
     assert "trainer.total_steps" not in r.a.config or r.a.config["trainer.total_steps"] != 3, r.a.config
+
+
+
+# a DataLoader stored on self in __init__ and iterated by a method: its batch size is the argument the one
+# construction passes (4), not the parameter's default (16)
+SELF_LOADER = """
+import torch
+from torch.utils.data import DataLoader
+from transformers import AutoModelForCausalLM
+
+def reward_fn(response_text, ground_truth):
+    return 1.0
+
+class Trainer:
+    def __init__(self, model_dir, batch_size=16, group=8, steps=100, lr=1e-6):
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        self.loader = DataLoader(load_prompts(), batch_size=batch_size, shuffle=True, drop_last=True)
+        self.group = group
+        self.steps = steps
+
+    def train(self):
+        for epoch in range(self.steps):
+            for prompts in self.loader:
+                out = self.model.generate(prompts, do_sample=True, max_new_tokens=64, num_return_sequences=self.group)
+                r = torch.tensor([reward_fn(t, None) for t in decode(out)]).view(-1, self.group)
+                adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-6)).view(-1)
+                loss = -(seq_lp(self.model, out) * adv).mean()
+                self.opt.zero_grad()
+                loss.backward()
+                self.opt.step()
+
+if __name__ == "__main__":
+    Trainer("./m", batch_size=4).train()
+"""
+
+
+def test_a_loader_stored_on_self_takes_the_constructor_argument():
+    r = recognizer(SELF_LOADER)
+    assert r.a.config.get("data.rollout_batch_size") == 4, (r.a.config, r.a.reasons)
+    assert r.a.config.get("algorithm.mini_batch_size") == 32, r.a.config
