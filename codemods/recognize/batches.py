@@ -24,6 +24,8 @@ from .._static import FuncInfo, Known, Runtime, walk
 from .base import _kwarg, _last
 
 _WRAPPERS = ("enumerate", "tqdm", "iter", "trange", "cycle")
+_DATASET_METHODS = ("shuffle", "map", "filter", "select", "with_format", "remove_columns", "rename_column",
+                    "train_test_split", "flatten_indices", "sort", "cast_column")
 
 
 class BatchesMixin:
@@ -322,7 +324,40 @@ class BatchesMixin:
             if isinstance(n, Known) and isinstance(bs, Known) and isinstance(bs.value, int):
                 return Known(n.value * bs.value, n.line)
             return None
-        return n
+        # one item per draw only from a source of rows (a dataset, a list); an unknown iterator may yield batches
+        return n if src is not None and self._row_source(src, sc) else None
+
+    def _row_source(self, expr, scope) -> bool:
+        """*expr* iterates single rows: a list / tuple / comprehension of the program, or a Hugging Face
+        dataset (``load_dataset(...)``, its split, ``.shuffle/.map/.filter/.select(...)``), through
+        ``iter`` / ``cycle``, names and ``self.`` attributes."""
+        env: dict = {}
+        for _ in range(12):
+            if isinstance(expr, (cst.List, cst.Tuple, cst.ListComp)):
+                return True
+            if isinstance(expr, cst.Call) and _last(expr.func) in ("iter", "cycle") and expr.args:
+                expr = expr.args[0].value
+                continue
+            if isinstance(expr, cst.Call) and _last(expr.func) in ("load_dataset", "list"):
+                return True
+            if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
+                    expr.func.attr.value in _DATASET_METHODS:
+                return True  # the datasets API (dataset.shuffle(seed=...), .map(...)): iterated row by row
+            if isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Call) and \
+                    _last(expr.value.func) == "load_dataset":
+                return True
+            if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name) and expr.value.value == "self":
+                r = self._resolve_self_attr(expr.attr.value, scope)
+            elif isinstance(expr, cst.Name):
+                r = self._resolve_name(expr.value, scope, env)
+            elif isinstance(expr, cst.Call):
+                r = self._returned_call(expr, scope, env)  # a helper returning the dataset
+            else:
+                return False
+            if r is None:
+                return False
+            expr, scope, env = r
+        return False
 
     def _generates_each_time_call(self, call, loop) -> bool:
         for anc in self.p.ancestors(call):

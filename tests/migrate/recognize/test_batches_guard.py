@@ -131,3 +131,28 @@ def test_a_loader_stored_on_self_takes_the_constructor_argument():
     r = recognizer(SELF_LOADER)
     assert r.a.config.get("data.rollout_batch_size") == 4, (r.a.config, r.a.reasons)
     assert r.a.config.get("algorithm.mini_batch_size") == 32, r.a.config
+
+
+def test_next_of_an_unknown_iterator_is_no_prompt_count():
+    # a generator of the program may yield whole batches: N draws are not N prompts
+    src = HEAD + """
+def chunks(rows, n):
+    for i in range(0, len(rows), n):
+        yield rows[i:i + n]
+
+def main():
+    model = model_provider()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    stream = chunks(load_rows(), 5)
+    for step in range(50):
+        prompts = [next(stream) for _ in range(2)]
+""" + STEP + """
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+if __name__ == "__main__":
+    main()
+"""
+    r = recognizer(src)
+    assert "data.rollout_batch_size" not in r.a.config, r.a.config
