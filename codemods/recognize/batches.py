@@ -370,7 +370,7 @@ class BatchesMixin:
     # ------------------------------------------------------------------ blocks of rows a loop iterates
     def chunk_rows(self, it, scope):
         """m when a loop iterates blocks of m samples: ``x.reshape(A, m, *x.shape[1:])`` /
-        ``x.view(A, m, -1)`` (the sample dimension split into A blocks of m, the rest kept), directly,
+        ``x.view(A, m, x.size(1))`` (the sample dimension split into A blocks of m, the rest kept), directly,
         through one assignment, or as the first sequence of ``zip(...)``; None otherwise."""
         if isinstance(it, cst.Call) and _last(it.func) == "zip" and it.args:
             it = it.args[0].value
@@ -400,7 +400,8 @@ class BatchesMixin:
             if a.star:
                 if not (code.endswith(".shape[1:]") or code.endswith(".size()[1:]")):
                     return None
-            elif not (code == "-1" or code.endswith(".shape[1]") or code.endswith(".size(1)")):
+            elif not (code.endswith(".shape[1]") or code.endswith(".size(1)")):
+                # (not -1: x.view(B, T, -1) may merge rows of tokens, which are no samples)
                 return None
         return args[1].value
 
