@@ -242,6 +242,8 @@ class Program:
         self.derived_fields: dict = {}
         self._stack: set = set()
         self._value_uses: Optional[set] = None
+        # set while the recogniser checks how a per-rank value scales with the world size (None: run time)
+        self.assume_world_size: Optional[int] = None
         self.modules: list[cst.Module] = [self.module]
         self.local_modules: dict[str, "Program"] = {}  # module name -> its Program (same folder)
         self.source_dir = source_dir
@@ -433,6 +435,14 @@ class Program:
             for t in node.targets:
                 if isinstance(t.target, cst.Name):
                     self._record_assign(assigns, t.target.value, node.value if len(node.targets) == 1 else node.value)
+                elif isinstance(t.target, (cst.Tuple, cst.List)) and isinstance(node.value, (cst.Tuple, cst.List)) and \
+                        len(t.target.elements) == len(node.value.elements) and \
+                        all(isinstance(el.value, cst.Name) and not isinstance(el, cst.StarredElement)
+                            for el in t.target.elements) and \
+                        not any(isinstance(el, cst.StarredElement) for el in node.value.elements):
+                    # GAMMA, LAM = 1.0, 0.95: each name gets its own element
+                    for el, v in zip(t.target.elements, node.value.elements):
+                        self._record_assign(assigns, el.value.value, v.value)
                 else:
                     for n in walk(t.target):
                         if isinstance(n, cst.Name) and not self._is_attr_part(t.target, n):
@@ -966,7 +976,12 @@ class Program:
         if param.star in ("*", "**"):
             return None
         sites = self.calls_by_callee().get(info.qual, [])
-        # a function also used as a value (callback) has call sites we cannot see
+        # a function also used as a value (callback) has call sites we cannot see, unless every such use
+        # is ``functools.partial(f, name=value)`` binding this parameter (the only way it is then called)
+        if self._used_as_value(info) or not sites:
+            bound = self._partial_binding(info, name)
+            if bound is not None:
+                return bound
         if self._used_as_value(info):
             sites = None
         vals = []
@@ -989,6 +1004,29 @@ class Program:
         if all(_same(v.value, first.value) for v in vals):
             return first
         return None
+
+    def _partial_binding(self, info: FuncInfo, name: str) -> Ev:
+        """The value every ``functools.partial(f, ..., name=v)`` of *info* binds, when the function is used
+        as a value only there (and never called directly); None otherwise."""
+        if info.cls is not None or self.calls_by_callee().get(info.qual):
+            return None
+        uses, vals = 0, []
+        for node in self.all_nodes():
+            if isinstance(node, cst.Name) and node.value == info.name:
+                parent = self.parents.get(node)
+                if isinstance(parent, (cst.FunctionDef, cst.ImportAlias, cst.AsName)):
+                    continue
+                uses += 1
+            if isinstance(node, cst.Call) and node.args and isinstance(node.args[0].value, cst.Name) and \
+                    node.args[0].value.value == info.name and \
+                    (self.qnames(node.func) | {dotted(node.func) or ""}) & {"functools.partial", "partial"}:
+                kw = [a.value for a in node.args if a.keyword is not None and a.keyword.value == name]
+                if len(kw) != 1:
+                    return None
+                vals.append(self.ev(kw[0], self.func_of(node)))
+        if not vals or uses != len(vals) or not all(isinstance(v, Known) for v in vals):
+            return None
+        return vals[0] if all(_same(v.value, vals[0].value) for v in vals) else None
 
     def _used_as_value(self, info: FuncInfo) -> bool:
         if info.cls is not None or info.parent is not None:
@@ -1128,6 +1166,9 @@ class Program:
         q = self._resolve_qual(node.func) or ""
         qs = self.qnames(node.func) | {q}
         for name in qs:
+            if self.assume_world_size is not None and (name.endswith(".get_world_size") or
+                                                       name.endswith("get_data_parallel_world_size")):
+                return Known(self.assume_world_size, line)
             if name in RUNTIME_CALLS or name.endswith(".get_world_size") or name.endswith("get_data_parallel_world_size"):
                 return Runtime(f"{dotted(node.func) or name}() is {RUNTIME_CALLS.get(name, 'known only at run time')}", line)
         if isinstance(node.func, cst.Name) and node.func.value in ("float", "int") and len(node.args) == 1:

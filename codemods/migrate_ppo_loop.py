@@ -123,12 +123,14 @@ class MigratePPOLoopCommand(VisitorBasedCodemodCommand):
             nodes = [body[i] for i in [index, *removed]]
             nodes += [prog.module.body[i] for i in analysis.removed_defs]
         else:
-            nodes = [analysis.entry.node.body]
+            nodes = [analysis.entry.node.body] + [prog.module.body[i] for i in analysis.removed_defs]
         return Counter(n.value for node in nodes for n in walk(node) if isinstance(n, cst.Name))
 
     def _rewrite_entry(self, tree: cst.Module, entry: cst.FunctionDef) -> cst.Module:
         new_def = self.leave_FunctionDef(entry, entry)
-        return tree.with_changes(body=[new_def if st is entry else st for st in tree.body])
+        drop = set(self.analysis.removed_defs)  # the definition holding the loop, when nothing else uses it
+        return tree.with_changes(body=[new_def if st is entry else st for i, st in enumerate(tree.body)
+                                       if i not in drop])
 
     # ------------------------------------------------------------------ rewrite
     @staticmethod

@@ -8,6 +8,8 @@ the actor learning rate, and so on. One concern per module, each a mixin of :cla
 =================  ==============================================================================
 ``loops``          loop discovery (module level, ``main()``, a trainer-class method), the entry
                    point, total steps, PPO epochs and minibatches
+``batches``        prompts per step from the DataLoader / ``next()`` draws that feed the rollout
+                   (through helpers and parameters), epochs x batches of a static dataset
 ``configs``        config sites: optimizers, sampling kwargs (``**generation_kwargs``,
                    ``LengthSampler``), parallel sizes, checkpoint interval, model hooks
 ``kl``             the KL penalty: placement (reward | loss), coefficient, controller, estimator
@@ -42,6 +44,7 @@ from __future__ import annotations
 from .._static import Program
 from .advantages import AdvantagesMixin
 from .base import TRAINER_QNAMES, Analysis, RecognizerBase
+from .batches import BatchesMixin, GroupBufferMixin, PerRankMixin, PerRankMixin
 from .clip_loss import ClipLossMixin
 from .configs import ConfigSitesMixin
 from .frameworks import FrameworksMixin
@@ -62,7 +65,7 @@ from .semantics import SemanticsMixin
 __all__ = ["Analysis", "Recognizer", "analyze"]
 
 
-class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin,
+class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, BatchesMixin, GroupBufferMixin, PerRankMixin, ConfigSitesMixin, KLMixin, AdvantagesMixin,
                  ClipLossMixin, LogProbRolesMixin, RewardMixin, RefusalsMixin, ProbeMixin, LossAggMixin, PolicyGradientMixin,
                  SemanticsMixin, FrameworksMixin, ReportMixin, RecognizerBase):
     def run(self) -> Analysis:
@@ -111,6 +114,8 @@ class Recognizer(LoopsMixin, ModelsMixin, PromptsMixin, ValuesMixin, ConfigSites
         self.extract_parallel()
         self.extract_prompt_length()
         self.extract_run_values()  # values.py: seed, evaluation interval, prompts per step
+        self.extract_batches()  # batches.py: prompts per step from the data the rollout draws; epochs x batches
+        self.extract_group_buffer()  # batches.py: N groups collected per step, k groups per optimizer step
         self.on_policy_minibatch()  # policy_gradient.py: the whole batch per optimizer step
         self.extract_save()
         self.extract_hooks(trl)

@@ -44,6 +44,8 @@ class AdvantagesMixin:
                 self.emit("algorithm.gamma", gae[0], "the discount gamma")
                 if len(gae) > 3:
                     pass  # roles not bound by name: both left out (warned in find_gae)
+                elif gae[1] is False:
+                    self.emit("algorithm.lam", None, "the GAE lambda")
                 elif gae[1] is not None:
                     self.emit("algorithm.lam", gae[1], "the GAE lambda")
                 else:
@@ -145,7 +147,9 @@ class AdvantagesMixin:
                                     "algorithm.lam are left out")
                         return (None, None, self.p.line(node), "unbound")
                     l = consts[1] if g is consts[0] else consts[0]
-                    return (self.p.ev(g, info), self.p.ev(l, info), self.p.line(node))
+                    lam = self.p.ev(l, info)
+                    # a lambda factor whose value is not static is NOT "no lambda" (1.0): False = left out
+                    return (self.p.ev(g, info), lam if lam is not None else False, self.p.line(node))
                 if len(consts) == 1 and gamma_node is not None and _code(consts[0]) != _code(gamma_node):
                     continue
                 tname = " ".join(tnames).lower()

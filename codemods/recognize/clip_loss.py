@@ -38,7 +38,27 @@ class ClipLossMixin:
                   and isinstance(hi, cst.BinaryOperation) and isinstance(hi.operator, cst.Add)
                   and _code(lo.left) == _code(hi.left)):
                 out.append(("around", call, scope, x, lo.right, hi.right))
-        return [c for c in out if c[0] == "ratio"] if not hasattr(self, "_all_clips") else out
+            elif self._is_prob_ratio(x, scope):
+                # clamp(ratio, 0.8, 1.2): bounds around 1 of a probability ratio exp(new - old)
+                lv, hv = self.p.ev(lo, scope), self.p.ev(hi, scope)
+                if isinstance(lv, Known) and isinstance(hv, Known) and all(
+                        isinstance(v.value, (int, float)) and not isinstance(v.value, bool) for v in (lv, hv)) and \
+                        0 < lv.value < 1 < hv.value:
+                    out.append(("ratio_abs", call, scope, x, Known(round(1 - lv.value, 12), lv.line),
+                                Known(round(hv.value - 1, 12), hv.line)))
+        return [c for c in out if c[0] in ("ratio", "ratio_abs")] if not hasattr(self, "_all_clips") else out
+
+    def _is_prob_ratio(self, x, scope) -> bool:
+        """*x* is ``exp(a - b)`` / ``(a - b).exp()`` (directly or through its one assignment)."""
+        if isinstance(x, cst.Name):
+            exprs = [e for e in self.p.assignments_of(x.value, scope) if e is not None]
+            if len(exprs) != 1:
+                return False
+            x = exprs[0]
+        if not (isinstance(x, cst.Call) and _last(x.func) == "exp"):
+            return False
+        arg = x.args[0].value if x.args else (x.func.value if isinstance(x.func, cst.Attribute) else None)
+        return isinstance(arg, cst.BinaryOperation) and isinstance(arg.operator, cst.Subtract)
 
     def all_clips(self) -> list:
         self._all_clips = True
@@ -83,10 +103,14 @@ class ClipLossMixin:
         a = self.a
         # clip ratio
         lows, highs = [], []
-        for kind, call, scope, x, lo, hi in self.all_clips():
+        # the 1 - eps / 1 + eps form first: it names the range; literal bounds around 1 only when alone
+        for kind, call, scope, x, lo, hi in sorted(self.all_clips(), key=lambda c: c[0] == "ratio_abs"):
             if kind == "ratio":
                 lows.append(self.p.ev(lo, scope))
                 highs.append(self.p.ev(hi, scope))
+            elif kind == "ratio_abs":
+                lows.append(lo)
+                highs.append(hi)
             elif kind in ("sym", "around"):
                 names = " ".join(_names_in(x)).lower()
                 if kind == "around" or re.search(r"value|vpred|v_|values|critic", names) or isinstance(x, cst.BinaryOperation):

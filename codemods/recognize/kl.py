@@ -21,7 +21,7 @@ class KLMixin:
         for info in list(self.p.funcs.values()) + [None]:
             assigns = info.assigns if info is not None else self.p.module_assigns
             for name, exprs in assigns.items():
-                if "kl" not in name.lower():
+                if "kl" not in name.lower() and not any(e is not None and _k3_shape(e) for e in exprs):
                     continue
                 for e in exprs:
                     if e is not None and not isinstance(e, (cst.Integer, cst.Float)):
@@ -83,10 +83,39 @@ class KLMixin:
                          "is built but no KL term against it could be mapped; write the penalty as "
                          "`coef * (logp - ref_logp)` added to the loss or subtracted from the rewards (or remove "
                          "the reference model if the loop has no KL penalty)")
+            elif self._untrained_lms_in_loop():
+                # a second language model the loop runs but never trains is most likely a reference whose
+                # KL term was not recognised: 0.0 could be wrong, so the key stays out
+                a.warn("algorithm.kl.coef is left out: no KL term was recognised, but the loop runs a language "
+                       f"model that it never trains ({', '.join(self._untrained_lms_in_loop())}); set "
+                       "algorithm.kl.coef yourself (0.0 if it is not a reference for a KL penalty)")
             else:
                 self.emit("algorithm.kl.coef", Known(0.0, self.p.line(self.main_loop)))
                 a.warn("no KL penalty against a reference model was found (no frozen reference model either); "
                        "algorithm.kl.coef is set to 0.0")
+
+    def _untrained_lms_in_loop(self) -> list:
+        """Names of causal LMs loaded (``*ForCausalLM*.from_pretrained`` / ``deepcopy``) that no optimizer
+        trains and that the training loop uses."""
+        trained = {m for m, role in self.models().items() if role == "old"}
+        out = []
+        for call, scope in self.calls:
+            code = _code(call.func)
+            if not (("CausalLM" in code and code.endswith("from_pretrained")) or _last(call.func) == "deepcopy"):
+                continue
+            parent = self.p.parents.get(call)
+            if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1 and
+                    isinstance(parent.targets[0].target, cst.Name)):
+                continue
+            name = parent.targets[0].target.value
+            if name not in trained and name not in out and self._used_in_loop(name):
+                if any(isinstance(n, cst.Call) and _last(n.func) == "parameters" and
+                       isinstance(n.func, cst.Attribute) and _code(n.func.value) == name and
+                       any(_last(c.func) in OPTIMIZERS for c in self.p.ancestors(n) if isinstance(c, cst.Call))
+                       for n in self.p.all_nodes()):
+                    continue  # its parameters reach an optimizer: trained
+                out.append(name)
+        return out
 
     def _inline_kl(self) -> bool:
         """``rewards = scores - coef * (logp - ref_logp)``: a KL term written inline in a reward or loss."""
@@ -162,6 +191,8 @@ class KLMixin:
                     out.append(("reward", node, coef))
                 elif LOSS_RE.search(tgt_code) or LOSS_RE.search(names):
                     out.append(("loss", node, coef))
+                elif isinstance(tgt, cst.Name) and self._flows_to_loss(tgt.value, scope, node):
+                    out.append(("loss", node, coef))  # per_token = ... + beta * kl; return per_token.sum() / n
             elif isinstance(node, cst.Return) and node.value is not None and scope is not None:
                 coef = self._coef_of(node.value, name)
                 if coef is not _MISSING and coef is not None:
@@ -200,6 +231,29 @@ class KLMixin:
         if re.search(r"reward", info.name, re.I):
             return "reward"
         return None
+
+    def _flows_to_loss(self, name: str, scope, after, depth: int = 0) -> bool:
+        """Whether *name* (assigned at *after*) reaches what ``backward()`` receives: through later
+        assignments of this function, into its return when the caller back-propagates it."""
+        if depth > 2:
+            return False
+        started = False
+        for n in walk(scope.node.body if scope is not None else self.p.module):
+            if n is after:
+                started = True
+                continue
+            if not started:
+                continue
+            if isinstance(n, cst.Return) and n.value is not None and name in _names_in(n.value):
+                return scope is not None and self.result_role(scope) == "loss"
+            if isinstance(n, cst.Assign) and len(n.targets) == 1 and isinstance(n.targets[0].target, cst.Name) \
+                    and name in _names_in(n.value) and n.targets[0].target.value != name:
+                tgt = n.targets[0].target.value
+                if tgt in self.reward_tensor_names() or re.search(r"reward|score|return|adv", tgt, re.I):
+                    return False  # into the rewards (and the advantages from them): not a loss term
+                if LOSS_RE.search(tgt) or self._backward_on(tgt, scope) or self._flows_to_loss(tgt, scope, n, depth + 1):
+                    return True
+        return False
 
     def _backward_on(self, name: str, scope) -> bool:
         body = scope.node if scope is not None else self.p.module
@@ -352,3 +406,25 @@ class KLMixin:
                 return "k1"
         return ""
 
+
+
+def _k3_shape(e) -> bool:
+    """``exp(d) - d - 1`` in any order (``torch.exp(d) - 1 - d``, ``d.exp() - d - 1``): the k3 KL estimator
+    of a log-ratio d, whatever the variable holding it is called."""
+    subtracted = set()
+    for n in walk(e):
+        if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Subtract):
+            subtracted.add(_code(n.right).strip("() "))
+    if not ("1" in subtracted or "1.0" in subtracted):
+        return False
+    for n in walk(e):
+        if isinstance(n, cst.Call) and _last(n.func) == "exp":
+            if n.args and len(n.args) == 1:
+                arg = n.args[0].value
+            elif not n.args and isinstance(n.func, cst.Attribute):
+                arg = n.func.value
+            else:
+                continue
+            if _code(arg).strip("() ") in subtracted:
+                return True
+    return False

@@ -56,7 +56,17 @@ class LogProbRolesMixin:
             if isinstance(expr, cst.Name):
                 for e in self.p.assignments_of(expr.value, scope):
                     if e is not None:
-                        return self._logprob_pair(e, scope, depth + 1)
+                        inner = self._logprob_pair(e, scope, depth + 1)
+                        if inner is not None:
+                            return inner
+            else:
+                # a named log-ratio inside the KL expression: ``r = ref_lp - lp; kl = exp(r) - 1 - r``
+                for n in walk(expr):
+                    if isinstance(n, cst.Name):
+                        for e in self.p.assignments_of(n.value, scope):
+                            if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, cst.Subtract) and \
+                                    all(isinstance(x, (cst.Name, cst.Attribute, cst.Subscript)) for x in (e.left, e.right)):
+                                return [(e.left, scope), (e.right, scope)]
         return None
 
     def _bind_back(self, side, sc, call, info, offset, caller_scope):
@@ -177,8 +187,36 @@ class LogProbRolesMixin:
                     arg = _call_arg(call, 1, "model_chunks")
                     if arg is not None:
                         optimised.add(_code(arg))
+            if last == "parameters" and isinstance(call.func, cst.Attribute):
+                # for p in ref.parameters(): p.requires_grad = False
+                loop = self.p.parents.get(call)
+                if isinstance(loop, cst.For) and loop.iter is call and isinstance(loop.target, cst.Name):
+                    var = loop.target.value
+                    for n in walk(loop.body):
+                        if isinstance(n, cst.Assign) and len(n.targets) == 1 and \
+                                _code(n.targets[0].target) == f"{var}.requires_grad" and _code(n.value) == "False":
+                            frozen.add(_code(call.func.value))
             if last == "backward" and isinstance(call.func, cst.Attribute) and call.args:
                 optimised.add(_code(call.func.value))  # deepspeed engine.backward(loss)
+            if "deepspeed.initialize" in qs:
+                # an engine built with no optimizer (no optimizer= / model_parameters= and no "optimizer"
+                # in its config) never updates its weights: a frozen model (the reference)
+                parent = self.p.parents.get(call)
+                target = None
+                if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+                    t = parent.targets[0].target
+                    target = t.elements[0].value if isinstance(t, (cst.Tuple, cst.List)) and t.elements else t
+                cfg = _kwarg(call, "config") or _kwarg(call, "config_params")
+                rec = self.p.ev_record(cfg, scope) if cfg is not None else None
+                if target is not None and rec is not None and rec.kind == "dict":
+                    trained = any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and
+                                  n.func.attr.value in ("backward", "step") and _code(n.func.value) == _code(target)
+                                  for n in walk(scope.node if scope is not None else self.p.module))
+                    if _kwarg(call, "optimizer") is None and _kwarg(call, "model_parameters") is None and \
+                            "optimizer" not in rec.fields and not trained:
+                        frozen.add(_code(target))
+                    else:
+                        optimised.add(_code(target))
         out = {}
         for m in frozen:
             out[m] = "ref"

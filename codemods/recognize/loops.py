@@ -12,6 +12,9 @@ from .base import (ENTROPY_RE, GEN_RE, LOSS_RE, OLD_NAME_RE, OPTIMIZERS, REF_NAM
                    VALUE_LOSS_RE, _MISSING, _call_arg, _code, _factors, _find_modulo, _is_one, _kwarg, _last,
                    _names_in)
 
+# a call that restores a saved run: the branch around it resumes (its start value is not the fresh run's)
+RESUME_RE = re.compile(r"load_checkpoint|load_state_dict|resume\w*|restore\w*|from_checkpoint", re.I)
+
 
 class LoopsMixin:
     def direct_callees(self, scope_node: cst.CSTNode) -> list[FuncInfo]:
@@ -243,7 +246,8 @@ class LoopsMixin:
     def _steps_every_iteration(self, count_node) -> bool:
         """Whether an optimizer ``.step()`` runs unconditionally in each iteration of the loop whose
         count is *count_node* (directly or through a function it calls)."""
-        loop = next((a for a in self.p.ancestors(count_node) if isinstance(a, cst.For)), None)
+        loop = self.__dict__.get("count_loops", {}).get(id(count_node)) or \
+            next((a for a in self.p.ancestors(count_node) if isinstance(a, cst.For)), None)
         if loop is None or not hasattr(self, "optimizer_steps"):
             return True
         for call, region in self.optimizer_steps(self.main_loop):
@@ -301,12 +305,15 @@ class LoopsMixin:
     def loop_count(self, loop, scope):
         if isinstance(loop, cst.For):
             it = loop.iter
-            if isinstance(it, cst.Call) and _last(it.func) == "range":
-                args = [x.value for x in it.args]
+            if isinstance(it, cst.Call) and (_last(it.func) == "range" or _last(it.func) == "trange" and
+                                             len([x for x in it.args if x.keyword is None]) == 2):
+                args = [x.value for x in it.args if x.keyword is None]
                 if len(args) == 1:
                     return self.p.ev(args[0], scope)
                 if len(args) == 2:
                     lo, hi = self.p.ev(args[0], scope), self.p.ev(args[1], scope)
+                    if not isinstance(lo, Known):
+                        lo = self.fresh_start(args[0], scope) or lo
                     if isinstance(lo, Known) and isinstance(hi, Known):
                         return Known(hi.value - lo.value, hi.line)
                     return hi if isinstance(hi, Runtime) else None
@@ -328,6 +335,30 @@ class LoopsMixin:
                     v = self.p.ev(t.comparisons[0].comparator, scope)
                     return Known(v.value + 1, v.line) if isinstance(v, Known) and isinstance(v.value, int) else v
         return None
+
+    def fresh_start(self, node, scope):
+        """``start = 0`` then ``if <checkpoint found>: load_checkpoint(...); start = n + 1``: a fresh run starts
+        at the first value (warned: a resumed run starts later); None otherwise."""
+        if not isinstance(node, cst.Name) or scope is None or node.value not in scope.assigns:
+            return None
+        fresh, resumed = [], 0
+        for st in walk(scope.node.body):
+            if not (isinstance(st, cst.Assign) and len(st.targets) == 1 and isinstance(st.targets[0].target, cst.Name)
+                    and st.targets[0].target.value == node.value):
+                continue
+            branch = next((x for x in self.p.ancestors(st) if isinstance(x, (cst.If, cst.For, cst.While))), None)
+            if branch is None and isinstance(st.value, cst.Integer):
+                fresh.append(Known(int(st.value.value), self.p.line(st)))
+            elif isinstance(branch, cst.If) and any(
+                    isinstance(c, cst.Call) and RESUME_RE.search(_last(c.func) or "") for c in walk(branch.body)):
+                resumed += 1
+            else:
+                return None
+        if len(fresh) != 1 or not resumed:
+            return None
+        self.a.warn(f"trainer.total_steps counts a fresh run from {node.value} = {fresh[0].value} "
+                    f"({self.loc(fresh[0].line)}); a run resumed from a checkpoint starts later")
+        return fresh[0]
 
     def path_to_backward(self, body, scope, seen):
         """Loops (kind, count node, scope) from *body* down to the ``.backward()`` call."""
@@ -371,6 +402,11 @@ class LoopsMixin:
                     bs = _kwarg(it, "batch_size")
                     if bs is not None:
                         out.append(("split", bs, scope))
+                else:
+                    m = self.chunk_rows(it, scope)  # batches.py: blocks of m rows of x.reshape(A, m, ...)
+                    if m is not None:
+                        out.append(("split", m, scope))
+                        self.__dict__.setdefault("count_loops", {})[id(m)] = anc  # m may sit outside the loop
         out.reverse()
         return out
 
@@ -391,6 +427,7 @@ class LoopsMixin:
             entry = self.find_entry(func)
             if entry is not None:
                 a.entry = entry
+                self._drop_unused_loop_def(entry)
                 return
         guard = self.main_guard()
         top = loop
@@ -422,6 +459,23 @@ class LoopsMixin:
         a.refuse(f"{self.loc(self.p.line(func.node))}: cannot tell which code runs the training loop in "
                  f"{func.qual}() (no call to it from `if __name__ == \"__main__\":` or from a function that block "
                  "calls); call it from main() under `if __name__ == \"__main__\":` and run migrate again")
+
+    def _drop_unused_loop_def(self, entry) -> None:
+        """The top-level definition holding the loop (``def fit(...)`` that ``main()`` calls) goes with
+        the rewrite of *entry* when nothing else uses it: a migrated file keeps no second training loop."""
+        module_body = list(self.p.module.body)
+        loop_def = None
+        for anc in self.p.ancestors(self.main_loop):
+            if isinstance(anc, (cst.FunctionDef, cst.ClassDef)) and any(anc is st for st in module_body):
+                loop_def = anc
+        if loop_def is None or loop_def is entry.node:
+            return
+        others = set()
+        for stmt in module_body:
+            if stmt is not loop_def and stmt is not entry.node:
+                others |= _loads(stmt)
+        if loop_def.name.value not in others:
+            self.a.removed_defs = [next(i for i, st in enumerate(module_body) if st is loop_def)]
 
     def _stmt_reaches(self, stmt, targets) -> bool:
         for n in walk(stmt):

@@ -44,13 +44,16 @@ def mask(lens, dtype):
         m[i, :n] = 1
     return m
 class V(float):
-    """An unknown name: a number whose every attribute or item is itself (self.beta, cfg.coef)."""
+    """An unknown name: a number whose every attribute, item or call result is itself (self.beta, cfg.coef,
+    entropy.item())."""
     def __getattr__(self, k):
         if k.startswith("__"):
             raise AttributeError(k)
         return self
     def __getitem__(self, k):
         return self
+    def __call__(self, *a, **k):
+        return self  # metric side computations: entropy.item(), kl.sum()
 code = compile(spec["code"], "<loss-agg>", "exec")
 out = []
 names = spec["unknowns"]

@@ -103,6 +103,15 @@ class RA(float):
         if k.startswith("__"):
             raise AttributeError(k)
         return self
+class RD(float):
+    """A sample record holding a reward: every attribute or item of it is the plain number
+    (sample["reward"], sample.reward), for groups given as lists of samples."""
+    def __getattr__(self, k):
+        if k.startswith("__"):
+            raise AttributeError(k)
+        return float(self)
+    def __getitem__(self, k):
+        return float(self)
 B, G = 3, 4
 class NS:
     """A settings object: every attribute is the group size (args.group_size, cfg.num_generations)."""
@@ -143,7 +152,7 @@ for block in spec["blocks"]:
         out.append([])
         continue
     found = []
-    roles = ["rewards", "G", "B", "Blist", "ns", "groups"]
+    roles = ["rewards", "G", "B", "Blist", "ns", "groups", "glists"]
     # a name unzipped into (reward, extra) pairs (rewards, info = zip(*results)) holds pairs
     import re as _re
     paired = set(_re.findall(r"zip\(\*\s*(\w+)\s*\)", block["code"]))
@@ -154,10 +163,11 @@ for block in spec["blocks"]:
     for combo in itertools.product(*per_input):
         if _time.time() - _t0 > 8.0:
             break  # a block this slow on toy inputs is not an advantage computation
-        if combo.count("rewards") + combo.count("groups") + combo.count("pairs") != 1:
+        if combo.count("rewards") + combo.count("groups") + combo.count("glists") + combo.count("pairs") != 1:
             continue
+        whole = "groups" in combo or "glists" in combo  # every group at once: one run, whatever the scope
         for fname, rew, shape in forms():
-            if (shape == "group") != (block["scope"] == "group"):
+            if whole and fname != "list" or not whole and (shape == "group") != (block["scope"] == "group"):
                 continue
             env = {"np": np, "math": math, "__cap": [], "R": R}
             if spec["torch"]:
@@ -166,8 +176,9 @@ for block in spec["blocks"]:
             for name, role in zip(inputs, combo):
                 env[name] = {"rewards": rew, "G": G, "B": B, "Blist": list(range(B)), "ns": NS(), "T": True, "F": False,
                              "groups": {i: [R(x) for x in REW[i * G:(i + 1) * G]] for i in range(B)},
+                             "glists": [[RD(x) for x in REW[i * G:(i + 1) * G]] for i in range(B)],
                              "pairs": [(x, {}) for x in rew] if isinstance(rew, list) else None}[role]
-            if "groups" in combo and shape != "flat":
+            if ("groups" in combo or "glists" in combo) and shape != "flat":
                 continue
             try:
                 run_limited(code, env)
@@ -178,7 +189,8 @@ for block in spec["blocks"]:
             got = [x for v in vals for x in v]
             if not got or any(x != x for x in got):
                 continue
-            found.append({"combo": dict(zip(inputs, combo)), "form": fname, "shape": "flat" if "groups" in combo else shape, "out": got})
+            found.append({"combo": dict(zip(inputs, combo)), "form": fname,
+                          "shape": "flat" if "groups" in combo or "glists" in combo else shape, "out": got})
     out.append(found)
 print(json.dumps(out))
 '''
@@ -345,9 +357,12 @@ class ProbeMixin:
             for n in walk(f.node.body):
                 if isinstance(n, cst.FunctionDef):
                     continue
-                if not isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign)) or n.value is None:
+                if _collect_site(n):
+                    v = n.value.args[0].value  # out.extend((g - g.mean()) / g.std()): the list it fills
+                elif not isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign)) or n.value is None:
                     continue
-                v = n.value
+                else:
+                    v = n.value
                 centred = any(isinstance(b, cst.BinaryOperation) and isinstance(b.operator, cst.Subtract)
                               and self._is_baseline(b.right, f) for b in walk(v))
                 if centred:
@@ -508,16 +523,54 @@ class ProbeMixin:
             for t in site.targets:
                 if isinstance(t.target, cst.Subscript):
                     needed |= set(_loads(t.target.value))
-        loop_targets = {}
         for anc in self.p.ancestors(site):
             if anc is info.node:
                 break
-            if isinstance(anc, cst.For):
-                needed |= set(_loads(anc.iter))
-                for nm in _loads(anc.target):
-                    loop_targets[nm] = anc
             if isinstance(anc, cst.If):
                 needed |= set(_loads(anc.test))
+        # a for loop around the kept statements stays only when they read its variable (or accumulate
+        # across its iterations); a loop that only repeats them (epochs, batches of a DataLoader whose
+        # items the kept code never reads) is dropped, so its iterable is no input
+        live: set = set()
+        changed = True
+        while changed:
+            changed = self._close_keep(assigns, keep, needed, site, info)
+            for f in self._loops_around(keep, info):
+                if id(f) not in live and self._loop_needed(f, keep):
+                    live.add(id(f))
+                    needed |= set(_loads(f.iter))
+                    changed = True
+        self._probe_live = live
+        return self._probe_inputs(body, keep, needed, site, info, live)
+
+    def _loops_around(self, keep, info) -> list:
+        out = {}
+        for n in walk(info.node.body):
+            if id(n) in keep:
+                for anc in self.p.ancestors(n):
+                    if anc is info.node:
+                        break
+                    if isinstance(anc, cst.For):
+                        out[id(anc)] = anc
+        return list(out.values())
+
+    @staticmethod
+    def _loop_needed(loop, keep) -> bool:
+        kept = [n for n in walk(loop.body) if id(n) in keep]
+        targets = set(_loads(loop.target))
+        for n in kept:
+            reads = set(_loads(n.value)) if getattr(n, "value", None) is not None else set()
+            if isinstance(n, cst.Assign):
+                for t in n.targets:
+                    if isinstance(t.target, cst.Subscript):
+                        reads |= set(_loads(t.target))
+            if reads & targets or isinstance(n, cst.AugAssign) or reads & _targets(n):
+                return True
+        return False
+
+    def _close_keep(self, assigns, keep, needed, site, info) -> bool:
+        """Add to *keep* the pure assignments *needed* names come from (in place); whether any was added."""
+        grew = False
         changed = True
         while changed:
             changed = False
@@ -535,12 +588,10 @@ class ProbeMixin:
                     continue
                 keep.add(id(a))
                 needed |= set(_loads(a.value))
-                for anc in self.p.ancestors(a):
-                    if anc is info.node:
-                        break
-                    if isinstance(anc, cst.For):
-                        needed |= set(_loads(anc.iter))
-                changed = True
+                changed = grew = True
+        return grew
+
+    def _probe_inputs(self, body, keep, needed, site, info, live) -> Optional[dict]:
         # inputs: names a kept statement reads before any kept statement (or loop) binds them
         bound, free = set(), set()
         comp_targets = set()
@@ -548,7 +599,7 @@ class ProbeMixin:
             if isinstance(n, (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp)):
                 comp_targets |= set(_loads(n.for_in.target))
         for n in walk(body):
-            if isinstance(n, cst.For) and any(id(x) in keep for x in walk(n.body)):
+            if isinstance(n, cst.For) and id(n) in live and any(id(x) in keep for x in walk(n.body)):
                 free |= set(_loads(n.iter)) - bound
                 bound |= set(_loads(n.target))
             elif isinstance(n, cst.If) and any(id(x) in keep for x in walk(n.body)):
@@ -577,6 +628,13 @@ class ProbeMixin:
                 consts[nm] = ev.value
             else:
                 inputs.append(nm)
+        # a whole-number constant may be the group size (GROUP = 5 in ``r.view(-1, GROUP)``): the probe's
+        # synthetic batch has its own group size, so such a constant is tried in the roles an input takes
+        sizes = [nm for nm, v in consts.items() if isinstance(v, int) and 2 <= v <= 4096]
+        if inputs and len(inputs) + len(sizes) <= 4:
+            for nm in sizes:
+                del consts[nm]
+                inputs.append(nm)
         if len(inputs) > 4 or not inputs:
             return None
         code = self._render(body, keep, site, info)
@@ -584,13 +642,20 @@ class ProbeMixin:
             return None
         flags = sorted(self._probe_flags & set(inputs))
         # an input computed inside a loop around the site (one prompt's rewards per iteration) is a group
-        loops = [anc for anc in self.p.ancestors(site) if isinstance(anc, cst.For)]
+        # (the training loop itself and a loop that generates and trains in each iteration, e.g. over a
+        # DataLoader's batches, hold whole batches: only a loop inside them is per prompt)
+        batch_loops = set()
+        if getattr(self, "main_loop", None) is not None:
+            batch_loops = {id(x) for x in self.rollout_data_loops()} | \
+                {id(x) for x in self.p.ancestors(self.main_loop) if isinstance(x, cst.For)}
+        loops = [anc for anc in self.p.ancestors(site) if isinstance(anc, cst.For) and id(anc) not in batch_loops]
         scope = "batch"
         for a in walk(body):
             if isinstance(a, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and _targets(a) & set(inputs) and \
                     any(any(x is a for x in walk(l.body)) for l in loops):
                 scope = "group"
-        cap_last = isinstance(site, cst.Assign) and isinstance(site.targets[0].target, cst.Subscript)
+        cap_last = isinstance(site, cst.Assign) and isinstance(site.targets[0].target, cst.Subscript) or \
+            _collect_site(site)
         return {"code": code, "inputs": inputs, "consts": consts, "scope": scope, "cap_last": cap_last, "flags": flags,
                 "torch": True}
 
@@ -634,6 +699,12 @@ Source of the kept statements with their enclosing for/if/else headers; the site
                                     return None
                                 lines.append("    " * depth + f"__cap.append({tgt})")
                             any_kept = True
+                elif isinstance(st, cst.For) and id(st) not in getattr(self, "_probe_live", {id(st)}):
+                    if any(id(x) in keep for x in walk(st.body)):  # a loop that only repeats: its body once
+                        r = emit(st.body.body, depth)
+                        if r is None:
+                            return None
+                        any_kept = any_kept or r
                 elif isinstance(st, cst.For):
                     if any(id(x) in keep for x in walk(st.body)):
                         lines.append("    " * depth + f"for {_code(st.target)} in {_code(st.iter)}:")
@@ -687,7 +758,16 @@ def _stmt_code(small) -> str:
     return _code(small)
 
 
+def _collect_site(n) -> bool:
+    """``xs.extend(v)`` / ``xs.append(v)`` as a statement: a block may fill a list group by group."""
+    return isinstance(n, cst.Expr) and isinstance(n.value, cst.Call) and isinstance(n.value.func, cst.Attribute) \
+        and n.value.func.attr.value in ("extend", "append") and isinstance(n.value.func.value, cst.Name) \
+        and len(n.value.args) == 1 and n.value.args[0].keyword is None
+
+
 def _capture_target(site) -> Optional[str]:
+    if _collect_site(site):
+        return site.value.func.value.value  # the list, captured whole after its last fill
     if isinstance(site, cst.AnnAssign) and isinstance(site.target, cst.Name):
         return site.target.value
     if isinstance(site, cst.Assign):
@@ -702,6 +782,8 @@ def _capture_target(site) -> Optional[str]:
 def _targets(a) -> set:
     if isinstance(a, (cst.AugAssign, cst.AnnAssign)):
         return set(_loads(a.target))
+    if _collect_site(a):
+        return set()  # it fills a list that is already bound
     out = set()
     for t in a.targets:
         tg = t.target

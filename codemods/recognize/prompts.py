@@ -33,7 +33,9 @@ class PromptsMixin:
                     found.append(got)
             elif last in ("tokenizer", "encode", "__call__", "batch_encode_plus", "encode_plus") or \
                     (isinstance(call.func, cst.Name) and ("tokenizer" in call.func.value.lower()
-                                                          or self._is_tokenizer(call.func.value, scope))):
+                                                          or self._is_tokenizer(call.func.value, scope))) or \
+                    (_kwarg(call, "truncation") is not None and _kwarg(call, "max_length") is not None):
+                # (a call taking truncation= and max_length= is a tokenizer call, whatever it is named)
                 got = self._truncation_bound(call, scope)
                 if got is not None:
                     found.append(got)
@@ -115,6 +117,11 @@ class PromptsMixin:
         target = ""
         if isinstance(parent, cst.Assign):
             target = _code(parent.targets[0].target)
+        for anc in self.p.ancestors(call):  # {"query_token": tokenizer(...)["input_ids"]}
+            if isinstance(anc, cst.DictElement):
+                target += " " + _code(anc.key)
+            if isinstance(anc, (cst.SimpleStatementLine, cst.FunctionDef)):
+                break
         arg0 = _code(call.args[0].value) if call.args and call.args[0].keyword is None else ""
         if not any(w in (target + " " + arg0).lower() for w in ("query", "prompt", "question", "source")):
             return None

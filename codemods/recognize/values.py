@@ -7,7 +7,7 @@ import re
 
 import libcst as cst
 
-from .._static import Known, walk
+from .._static import Known, Runtime, walk
 from .base import _call_arg, _kwarg, _last
 
 
@@ -67,6 +67,8 @@ class ValuesMixin:
         # prompts per step: a random draw of k prompts in the loop body that feeds the rollout
         if "data.rollout_batch_size" not in self.a.config:
             k = self.random_draw_size(loop, scope)
+            if isinstance(k, Runtime) and "world size" in k.why:
+                k = self.global_of_per_rank(lambda: self.random_draw_size(loop, scope), "the prompts drawn per step") or k
             if k is not None:
                 self.emit("data.rollout_batch_size", k, "the prompts drawn per step")
         # prompts per step: the DataLoader the loop iterates

@@ -262,6 +262,60 @@ EXPECT = {
         {}, [], [],
         {"provenance": {"optim.actor.lr": "hparams.yaml:5", "algorithm.group_size": "hparams.yaml:9",
                         "data.max_response_length": "hparams.yaml:11", "rollout.temperature": "hparams.yaml:12"}}),
+    # --- what one step draws and how the update slices it, by behaviour (issue 23, round 2) ---
+    # a DataLoader built by a helper that is called twice (train / eval batch sizes), handed to the loop
+    # as a parameter; a Dataset over a list of this file: epochs x ceil(10 / 3) batches; the leave-one-out
+    # block runs inline inside the epoch and batch loops (they only repeat it) with a constant group size 5
+    "loader_epochs_rloo": ("migrated", {
+        "algorithm.name": "rloo", "algorithm.group_size": 5, "data.rollout_batch_size": 3,
+        "trainer.total_steps": 20, "algorithm.mini_batch_size": 15, "algorithm.ppo_epochs": 1,
+        "optim.actor.lr": 2e-6, "rollout.temperature": 0.7, "data.max_response_length": 16},
+        {"data.rollout_batch_size": 59, "trainer.total_steps": 39, "algorithm.group_size": 13}, [],
+        ["5 epochs x 4 batches of 3 from a dataset of 10 prompts", "leave-one-out baseline (rloo)"]),
+    # prompts drawn with next() in a comprehension; one optimizer step per prompt's group (blocks of a
+    # view(P, G, width)), gradients accumulated over reshape(-1, slice, length) slices of the group
+    "stream_groups_grpo": ("migrated", {
+        "algorithm.name": "grpo", "algorithm.group_size": 4, "data.rollout_batch_size": 2,
+        "algorithm.mini_batch_size": 4, "algorithm.micro_batch_size": 2, "algorithm.clip_ratio": 0.2,
+        "trainer.total_steps": 300, "optim.actor.lr": 3e-6},
+        {}, [], []),
+    # no ratio on DeepSpeed engines: engine.step() per micro-batch, but gradient_accumulation_steps is that
+    # loop's count (N // m for range(0, N, m)): one update per rollout batch; the reference engine has no
+    # optimizer (frozen); k3 on a log-ratio named `gap`, summed into a per-token term that the returned loss
+    # reads (placement by flow, not by name); a fresh run from `first = 0` (resume branch warned); each rank
+    # draws 64 // world_size // 8 prompts: n / W for W = 1, 2, 4, 8, so the whole step draws 8 (x 8 = 64)
+    "deepspeed_accum_frozen_ref": ("migrated", {
+        "algorithm.name": "grpo", "algorithm.group_size": 8, "algorithm.kl.estimator": "k3",
+        "algorithm.kl.placement": "loss", "algorithm.kl.coef": 0.02, "algorithm.ppo_epochs": 1,
+        "trainer.total_steps": 600, "data.rollout_batch_size": 8, "algorithm.mini_batch_size": 64,
+        "algorithm.micro_batch_size": 4, "optim.actor.clip_grad": 0.5, "optim.actor.lr": 2e-6},
+        {"algorithm.kl.estimator": 37, "trainer.total_steps": 13}, [],
+        ["trainer.total_steps counts a fresh run from first = 0", "runs once per rollout batch",
+         "is a per-rank share of 8"]),
+    # groups sampled until N with mixed rewards are kept (the rejection is dynamic sampling: warned), then
+    # spent k groups per optimizer step; the advantage helper takes one group (a list of sample records)
+    "filtered_groups_clip": ("migrated", {
+        "algorithm.name": "grpo", "algorithm.group_size": 5, "data.rollout_batch_size": 10,
+        "algorithm.mini_batch_size": 10, "algorithm.clip_ratio_low": 0.2, "algorithm.clip_ratio_high": 0.3,
+        "algorithm.norm_adv_by_std": True, "trainer.total_steps": 250},
+        {"data.rollout_batch_size": 6, "algorithm.mini_batch_size": 8}, [],
+        ["dynamic sampling", "collects 10 groups of 5 responses per step", "takes 2 groups of 5 responses"]),
+    # GAMMA, LAM = 1.0, 0.95 (one tuple assignment: each name its element; an unresolved lambda factor is
+    # left out, never 1.0); torch.clamp(ratio, 0.8, 1.2) on exp(new - old) is clip_ratio 0.2
+    "ppo_tuple_consts_loader": ("migrated", {
+        "algorithm.name": "ppo", "algorithm.gamma": 1.0, "algorithm.lam": 0.95, "algorithm.clip_ratio": 0.2,
+        "algorithm.ppo_epochs": 2, "algorithm.mini_batch_size": 2, "data.rollout_batch_size": 4,
+        "trainer.total_steps": 6, "algorithm.kl.coef": 0.1, "algorithm.kl.placement": "reward"},
+        {"algorithm.lam": 7, "algorithm.clip_ratio": 42, "trainer.total_steps": 21}, [], []),
+    # module level: `for p in reference.parameters(): p.requires_grad = False` freezes the reference; k3 in
+    # `per_tok`, which flows into `loss` (placement by flow at module level, coef 0.04, never 0.0); the
+    # advantage helper fills a list group by group with out.extend(...) (probed: population std)
+    "module_numpy_groups_k3": ("migrated", {
+        "algorithm.name": "grpo", "algorithm.group_size": 4, "algorithm.kl.coef": 0.04,
+        "algorithm.kl.estimator": "k3", "algorithm.kl.placement": "loss", "algorithm.clip_ratio": 0.2,
+        "algorithm.ppo_epochs": 2, "trainer.total_steps": 200, "optim.actor.clip_grad": 1.0},
+        {"algorithm.kl.coef": 13, "algorithm.name": 23}, [],
+        ["identified by running the block at module_numpy_groups_k3.py:23"], {"block": True}),
 }
 
 

@@ -47,3 +47,42 @@ def test_kl_weight_from_a_local_module(tmp_path):
 def test_coefficient_is_a_magnitude():
     r = recognizer(GRPO)
     assert r.kl_coef_value(expr(r, "0.05"), None).value == 0.05
+
+
+# the reference is loaded but neither frozen explicitly nor trained, and its KL term is written in a form
+# the recogniser does not map (a library divergence under another name): kl.coef is left out, never 0.0
+UNMAPPED_REFERENCE = """
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
+
+def reward_fn(response_text, ground_truth):
+    return 1.0
+
+def main():
+    actor = AutoModelForCausalLM.from_pretrained("acme/lm-small")
+    anchor = AutoModelForCausalLM.from_pretrained("acme/lm-small")
+    opt = torch.optim.AdamW(actor.parameters(), lr=1e-6)
+    for it in range(20):
+        seqs = actor.generate(prompts(), max_new_tokens=32, num_return_sequences=4)
+        r = torch.tensor([reward_fn(t, None) for t in decode(seqs)]).view(-1, 4)
+        adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-6)).view(-1)
+        with torch.no_grad():
+            base = anchor(seqs).logits.log_softmax(-1)
+        cur = actor(seqs).logits.log_softmax(-1)
+        reg = F.kl_div(base, cur, log_target=True, reduction="batchmean")
+        pg = -(cur.gather(-1, seqs[..., None]).squeeze(-1).sum(-1) * adv).mean()
+        loss = pg + 0.1 * reg
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_an_untrained_second_model_with_an_unmapped_kl_leaves_the_coef_out():
+    r = recognizer(UNMAPPED_REFERENCE)
+    assert "algorithm.kl.coef" not in r.a.config, (r.a.config, r.a.warnings)
+    assert any("algorithm.kl.coef is left out" in w and "anchor" in w for w in r.a.warnings), r.a.warnings

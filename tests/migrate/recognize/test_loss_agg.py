@@ -130,3 +130,39 @@ def test_a_flag_known_only_at_run_time_leaves_the_mode_out():
     src = ROW_MEAN.replace("PER_ROW = True\n", "").replace("if PER_ROW:", "if seqs.per_row:")
     r = recognizer(src)
     assert "algorithm.loss_agg_mode" not in r.a.config
+
+
+# the loss helper also returns a dict of logged numbers built from values computed elsewhere
+# (stats["spread"].item(), a kl term's .sum()): those side computations run on stand-in values and
+# do not stop the reduction from being identified (token mean over the batch, its count passed in)
+WITH_LOGGED_STATS = HEAD + """
+def step_loss(model, seqs, adv, tok_total, stats):
+    logp = lp(model, seqs)
+    resp_mask = valid(seqs)
+    drift = kl_to_ref(model, seqs) * resp_mask
+    term = -(logp * adv[:, None]) * resp_mask
+    loss = (term + 0.01 * drift).sum() / tok_total
+    logged = {"drift": drift.sum().item() / tok_total.item(), "spread": stats["spread"].item(),
+              "term": term.sum().item()}
+    return loss, logged
+
+def main():
+    model = model_provider()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    for it in range(30):
+        seqs = model.generate(prompts(), max_new_tokens=64)
+        adv = centred(torch.tensor([reward_fn(t, a) for t, a in pairs(seqs)]))
+        tok_total = valid(seqs).sum()
+        loss, info = step_loss(model, seqs, adv, tok_total, summary(seqs))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_logged_side_values_do_not_hide_the_reduction():
+    r = recognizer(WITH_LOGGED_STATS)
+    assert r.a.config.get("algorithm.loss_agg_mode") == "token-mean", (r.a.config, r.a.warnings, r.a.reasons)
