@@ -54,6 +54,10 @@ def _check_logits(rank, world_size, archs, tmp):
             got = dec.forward_prefill(seq[:, :P], attend, pos[:, :P], st.cache_k, st.cache_v)
             real = mask[:, :P].bool()
             torch.testing.assert_close(got[real], ref[:, :P][real], atol=2e-5, rtol=1e-4, msg=f"{arch} prefill")
+            # generation's prefill: the last position's logits only, the same values
+            last = dec.forward_prefill(seq[:, :P], attend, pos[:, :P], st.cache_k, st.cache_v, last_only=True)
+            assert last.shape == (B, 1, got.shape[-1])
+            torch.testing.assert_close(last[:, 0], got[:, -1], atol=1e-6, rtol=1e-5, msg=f"{arch} last-only prefill")
             st.key_valid[:, :P] = valid
             for t in range(R):  # teacher-forced decode through the static cache
                 idx = torch.tensor(P + t)
