@@ -112,3 +112,23 @@ def test_dash_v_asks_every_rank_for_the_full_warnings(folded, monkeypatch):
     assert r.exit_code == 0, r.output
     assert os.environ.get(mcore_notices.VERBOSE_ENV) == "1"
     monkeypatch.delenv(mcore_notices.VERBOSE_ENV)
+
+
+def test_torchs_collective_deprecation_raised_for_megatrons_calls_is_folded(folded):
+    """torch 2.13 deprecates all_gather_into_tensor / reduce_scatter_tensor, which megatron-core's SP
+    mappings call on every TP/SP forward; the FutureWarning is raised from inside torch (c10d_logger),
+    so it is matched by its text. Another FutureWarning from the same file stays visible."""
+    c10d = os.path.join(os.sep, "site-packages", "torch", "distributed", "c10d_logger.py")
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("default")
+        mcore_notices.install()
+        _warn_from(c10d, "`torch.distributed.reduce_scatter_tensor` is deprecated. Please use "
+                   "`torch.distributed.reduce_scatter_single` instead.", FutureWarning)
+        _warn_from(c10d, "`torch.distributed.all_gather_into_tensor` is deprecated. Please use "
+                   "`torch.distributed.all_gather_single` instead.", FutureWarning)
+        _warn_from(c10d, "`torch.distributed.something_else` is deprecated.", FutureWarning)
+    err = "\n".join(str(w.message) for w in shown)
+    assert "reduce_scatter_tensor" not in err and "all_gather_into_tensor" not in err
+    assert "something_else" in err
+    line = mcore_notices.summary()
+    assert "2 start-up warnings" in line and "reduce_scatter_tensor" in line, line

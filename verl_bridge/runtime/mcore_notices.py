@@ -37,6 +37,13 @@ KNOWN = (
     # tensor_parallel/layers.py, first TP>1 backward: CUDA stream advice, moot without CUDA (kept on a GPU)
     (re.compile(r"set the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1"), "cpu-only"),
 )
+# torch >= 2.13 deprecates the two collectives megatron-core's TP/SP mappings and distributed optimizer
+# call (``tensor_parallel/mappings.py`` binds them at import). The FutureWarning is raised inside torch
+# (``distributed/c10d_logger.py`` wraps the call), so it is matched by its text and category, not by a
+# megatron path; verl-bridge's own code already calls the ``*_single`` replacements where torch has them.
+TORCH_DEPRECATIONS = re.compile(
+    r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated\. "
+    r"Please use `torch\.distributed\.(all_gather_single|reduce_scatter_single)` instead")
 
 
 def _cuda() -> bool:
@@ -57,6 +64,7 @@ class _Collector:
     def __init__(self) -> None:
         self.original = None
         self.seen: list[str] = []  # messages folded, in order (each text once)
+        self.torch_deprecated: set[str] = set()  # torch collectives whose deprecation was folded
         self.count = 0
         self.verbose = False
         self.reported = False
@@ -72,6 +80,11 @@ class _Collector:
                     if not self.verbose:
                         return
                     break
+        elif issubclass(category, FutureWarning) and TORCH_DEPRECATIONS.search(text):
+            self.count += 1
+            self.torch_deprecated.add(TORCH_DEPRECATIONS.search(text).group(1))
+            if not self.verbose:
+                return
         self.original(message, category, filename, lineno, file, line)
 
 
@@ -110,10 +123,16 @@ def _backends() -> str:
     return "no TE" if not te else "no apex"
 
 
+def _torch_deprecates_collectives() -> bool:
+    import torch.distributed as dist
+
+    return hasattr(dist, "reduce_scatter_single") and hasattr(dist, "all_gather_single")
+
+
 def summary() -> Optional[str]:
     """The one line for what was folded so far (None: nothing folded, or already reported)."""
     c = _collector
-    if c is None or not c.seen or c.reported:
+    if c is None or not (c.seen or c.torch_deprecated) or c.reported:
         return None
     c.reported = True
     uses: list[str] = []
@@ -138,5 +157,9 @@ def summary() -> Optional[str]:
     if uses:
         line += ": " + ", ".join(uses)
     extra = f", {notices} about a default of its own (cuda_graph_scope)" if notices else ""
+    if c.torch_deprecated or _torch_deprecates_collectives():
+        # usually raised later, at the first TP/SP forward, so named here whether or not it has come yet
+        extra += ("; torch's FutureWarning on all_gather_into_tensor / reduce_scatter_tensor, which "
+                  "megatron-core's TP/SP code calls, is folded too")
     how = "shown above" if c.verbose else f"-v or {VERBOSE_ENV}=1 shows them"
     return line + f" ({c.count} start-up warnings folded into this line{extra}; {how})"
