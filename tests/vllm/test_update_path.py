@@ -147,6 +147,34 @@ def _describe_preset(rank, world_size):
     return ve.hf_config_for_actor(actor, 16), os.path.join(path, "config.json")
 
 
+def _describe_moe_preset(rank, world_size):
+    from types import SimpleNamespace as NS
+
+    from verl_bridge.distributed import init_model_parallel
+    from verl_bridge.models.tiny import tiny_model_provider
+
+    init_model_parallel(1, 1)
+    args = NS(preset="tiny-moe", num_layers=2, hidden_size=128, num_attention_heads=2, num_query_groups=None,
+              ffn_hidden_size=None, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=96,
+              moe_shared_expert_intermediate_size=None, moe_aux_loss_coeff=0.01)
+    return ve.hf_config_for_actor(tiny_model_provider(args, 16, 20)(True, True), 16)
+
+
+def test_moe_preset_actor_gets_a_mixtral_config():
+    """The tiny-moe preset (Mixtral's layout) gets a MixtralForCausalLM config.json for vLLM: experts,
+    top-k and the expert ffn size from the live model (it raised KeyError 'moe_router_topk' before)."""
+    from transformers import MixtralConfig
+
+    from tests.dist_utils import run_distributed
+
+    cfg = run_distributed(_describe_moe_preset, 1)[0]
+    assert cfg["architectures"] == ["MixtralForCausalLM"] and cfg["model_type"] == "mixtral"
+    assert (cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"]) == (4, 2, 96)
+    assert cfg["router_jitter_noise"] == 0.0 and cfg["head_dim"] == 64 and cfg["router_aux_loss_coef"] == 0.01
+    hf = MixtralConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
+    assert (hf.num_local_experts, hf.num_experts_per_tok, hf.intermediate_size) == (4, 2, 96)
+
+
 def test_trainer_entry_point_refuses_clearly_without_vllm(monkeypatch):
     """``build_vllm_engine`` (what MegatronTrainer.setup calls) where vLLM is not installed."""
     import importlib.util
