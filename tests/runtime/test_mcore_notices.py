@@ -127,8 +127,19 @@ def test_torchs_collective_deprecation_raised_for_megatrons_calls_is_folded(fold
         _warn_from(c10d, "`torch.distributed.all_gather_into_tensor` is deprecated. Please use "
                    "`torch.distributed.all_gather_single` instead.", FutureWarning)
         _warn_from(c10d, "`torch.distributed.something_else` is deprecated.", FutureWarning)
+        # megatron's torch_dist strategy on every checkpoint load / save (torch's DCP deprecations)
+        _warn_from(os.path.join(os.sep, "site-packages", "typing_extensions.py"),
+                   "`load_state_dict` is deprecated and will be removed in future versions. Please use `load` "
+                   "instead.", FutureWarning)
+        _warn_from(os.path.join(os.sep, "site-packages", "torch", "distributed", "checkpoint", "planner_helpers.py"),
+                   "Please use DTensor instead and we are deprecating ShardedTensor.", FutureWarning)
+        _warn_from("/home/user/train.py", "Please use DTensor instead and we are deprecating ShardedTensor. Yes",
+                   FutureWarning)  # not the exact text: stays visible
     err = "\n".join(str(w.message) for w in shown)
     assert "reduce_scatter_tensor" not in err and "all_gather_into_tensor" not in err
-    assert "something_else" in err
+    assert "load_state_dict" not in err
+    assert "something_else" in err and "ShardedTensor. Yes" in err
+    assert sum("ShardedTensor" in str(w.message) for w in shown) == 1
     line = mcore_notices.summary()
-    assert "2 start-up warnings" in line and "reduce_scatter_tensor" in line, line
+    assert "4 start-up warnings" in line and "reduce_scatter_tensor" in line, line
+    assert "DCP load_state_dict" in line and "ShardedTensor" in line, line

@@ -37,6 +37,19 @@ def convert(src, dst, to, fmt, tp, pp, ep, iteration):
         raise click.UsageError(f"--tp={tp}, --pp={pp} and --ep={ep} must be >= 1")
     from pathlib import Path
 
+    from verl_bridge.runtime import mcore_notices
+
+    # megatron-core's start-up fallback warnings (no TE/apex) fold into one line, as in `train`
+    mcore_notices.install()
+    try:
+        _convert(src, dst, to, fmt, tp, pp, ep, iteration, Path)
+    finally:
+        line = mcore_notices.summary()
+        if line:
+            click.echo(f"[INFO] {line}", err=True)
+
+
+def _convert(src, dst, to, fmt, tp, pp, ep, iteration, Path):
     from verl_bridge.checkpoint.safe_load import CheckpointError
 
     try:

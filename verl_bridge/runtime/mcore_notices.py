@@ -37,13 +37,24 @@ KNOWN = (
     # tensor_parallel/layers.py, first TP>1 backward: CUDA stream advice, moot without CUDA (kept on a GPU)
     (re.compile(r"set the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1"), "cpu-only"),
 )
-# torch >= 2.13 deprecates the two collectives megatron-core's TP/SP mappings and distributed optimizer
-# call (``tensor_parallel/mappings.py`` binds them at import). The FutureWarning is raised inside torch
-# (``distributed/c10d_logger.py`` wraps the call), so it is matched by its text and category, not by a
-# megatron path; verl-bridge's own code already calls the ``*_single`` replacements where torch has them.
-TORCH_DEPRECATIONS = re.compile(
-    r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated\. "
-    r"Please use `torch\.distributed\.(all_gather_single|reduce_scatter_single)` instead")
+# torch's FutureWarnings about APIs that megatron-core itself calls (not the user's code): torch >= 2.13
+# deprecates the two collectives its TP/SP mappings use on every SP forward, and torch's distributed
+# checkpoint deprecates ``load_state_dict`` / ``save_state_dict`` and ShardedTensor, which megatron's
+# torch_dist strategy uses on every save and load. They are raised inside torch (``c10d_logger.py``,
+# ``typing_extensions``, the DCP planner), so they are matched by category and text, not by a megatron
+# path; verl-bridge's own code already calls the ``*_single`` collectives where torch has them.
+# (pattern, the label the [INFO] line names)
+TORCH_DEPRECATIONS = (
+    (re.compile(r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated\. "
+                r"Please use `torch\.distributed\.(all_gather_single|reduce_scatter_single)` instead"),
+     "all_gather_into_tensor / reduce_scatter_tensor (megatron-core's TP/SP code)"),
+    (re.compile(r"^`(load_state_dict|save_state_dict)` is deprecated and will be removed in future versions\. "
+                r"Please use `(load|save)` instead"),
+     "DCP load_state_dict / save_state_dict (megatron-core's torch_dist checkpoints)"),
+    (re.compile(r"^Please use DTensor instead and we are deprecating ShardedTensor\.$"),
+     "ShardedTensor (megatron-core's torch_dist checkpoints)"),
+)
+COLLECTIVES_LABEL = TORCH_DEPRECATIONS[0][1]
 
 
 def _cuda() -> bool:
@@ -64,7 +75,7 @@ class _Collector:
     def __init__(self) -> None:
         self.original = None
         self.seen: list[str] = []  # messages folded, in order (each text once)
-        self.torch_deprecated: set[str] = set()  # torch collectives whose deprecation was folded
+        self.torch_deprecated: set[str] = set()  # labels of the torch deprecations folded so far
         self.count = 0
         self.verbose = False
         self.reported = False
@@ -80,11 +91,14 @@ class _Collector:
                     if not self.verbose:
                         return
                     break
-        elif issubclass(category, FutureWarning) and TORCH_DEPRECATIONS.search(text):
-            self.count += 1
-            self.torch_deprecated.add(TORCH_DEPRECATIONS.search(text).group(1))
-            if not self.verbose:
-                return
+        elif issubclass(category, FutureWarning):
+            for pattern, label in TORCH_DEPRECATIONS:
+                if pattern.search(text):
+                    self.count += 1
+                    self.torch_deprecated.add(label)
+                    if not self.verbose:
+                        return
+                    break
         self.original(message, category, filename, lineno, file, line)
 
 
@@ -157,9 +171,10 @@ def summary() -> Optional[str]:
     if uses:
         line += ": " + ", ".join(uses)
     extra = f", {notices} about a default of its own (cuda_graph_scope)" if notices else ""
-    if c.torch_deprecated or _torch_deprecates_collectives():
-        # usually raised later, at the first TP/SP forward, so named here whether or not it has come yet
-        extra += ("; torch's FutureWarning on all_gather_into_tensor / reduce_scatter_tensor, which "
-                  "megatron-core's TP/SP code calls, is folded too")
+    labels = set(c.torch_deprecated)
+    if _torch_deprecates_collectives():
+        labels.add(COLLECTIVES_LABEL)  # usually raised later, at the first TP/SP forward: named here already
+    if labels:
+        extra += "; torch's FutureWarnings on what megatron-core calls are folded too: " + ", ".join(sorted(labels))
     how = "shown above" if c.verbose else f"-v or {VERBOSE_ENV}=1 shows them"
     return line + f" ({c.count} start-up warnings folded into this line{extra}; {how})"
