@@ -50,7 +50,7 @@ def test_seed_yaml_rejects_wrong_world_size(seed_yaml):
 
 def test_overrides_are_typed_and_nested():
     cfg = load_config(TEMPLATES[0], ["trainer.total_steps=7", "optim.actor.lr=5e-4", "algorithm.kl.estimator=k3",
-                                     "trainer.args.sequence_parallel=true"])
+                                     "trainer.args.tp_size=2", "trainer.args.sequence_parallel=true"], world_size=2)
     assert cfg.trainer.total_steps == 7
     assert cfg.optim.actor.lr == pytest.approx(5e-4)
     assert cfg.algorithm.kl.estimator == "k3"
@@ -181,3 +181,15 @@ def test_verify_threshold_defaults_by_precision_and_must_be_positive():
     assert resolve_threshold(None, torch.nn.Linear(2, 2)) == 1e-3
     assert resolve_threshold(None, [torch.nn.Linear(2, 2).to(torch.bfloat16)]) == 0.1
     assert resolve_threshold(0.5, torch.nn.Linear(2, 2)) == 0.5
+
+
+def test_sequence_parallel_at_tp1_is_refused_naming_both_keys():
+    """SP splits the sequence over the TP group: at TP=1 there is none (Megatron-LM silently switches it
+    off); the config says so before anything starts instead of reporting SP=True for a run without it."""
+    with pytest.raises(ConfigError) as e:
+        load_config(TEMPLATES[0], ["trainer.args.sequence_parallel=true"])
+    msg = str(e.value)
+    assert "trainer.args.sequence_parallel=true needs trainer.args.tp_size >= 2" in msg
+    assert "trainer.args.sequence_parallel=false" in msg
+    cfg = load_config(TEMPLATES[0], ["trainer.args.sequence_parallel=true", "trainer.args.tp_size=2"], world_size=2)
+    assert cfg.trainer.args.sequence_parallel is True

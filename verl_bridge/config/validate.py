@@ -121,6 +121,10 @@ def validate(cfg: Config, world_size: int = 1, check_paths: bool = True,
                  "tokens (prompt + response) per micro-batch, an integer >= 1 (e.g. 4096)")
     if ta.max_tokens_per_micro_batch is not None:
         _range(p, "trainer.args.max_tokens_per_micro_batch", ta.max_tokens_per_micro_batch, lo=1, hi=MAX_BATCH)
+    if ta.sequence_parallel is True and isinstance(ta.tp_size, int) and ta.tp_size == 1:
+        p.append("trainer.args.sequence_parallel=true needs trainer.args.tp_size >= 2: sequence parallelism splits "
+                 "the sequence over the tensor-parallel group, which TP=1 does not have (Megatron-LM switches it "
+                 "off there). Set trainer.args.sequence_parallel=false, or raise trainer.args.tp_size")
     dp = None
     if isinstance(ta.tp_size, int) and isinstance(ta.pp_size, int) and ta.tp_size >= 1 and ta.pp_size >= 1:
         mp = ta.tp_size * ta.pp_size
