@@ -42,6 +42,8 @@ def test_known_megatron_warnings_fold_and_others_stay_visible(folded):
                    "multi_tensor_applier, multi_tensor_l2norm, and multi_tensor_scale")
         _warn_from(os.path.join(mcore_dir, "transformer", "transformer_config.py"),
                    "full scope is deprecated. Use empty cuda_graph_scope to capture the whole layer.")
+        _warn_from(os.path.join(mcore_dir, "transformer", "transformer_config.py"),  # 0.19.2's wording
+                   "full scope is deprecated. Use empty cuda_graph_modules to capture the whole layer.")
         _warn_from(os.path.join(mcore_dir, "transformer", "x.py"), "something megatron says that we do not know")
         _warn_from("/home/user/my_model.py", "Apex is not installed. Falling back to Torch Norm")  # not megatron's
     err = "\n".join(f"{w.filename}: {w.message}" for w in shown)
@@ -50,7 +52,7 @@ def test_known_megatron_warnings_fold_and_others_stay_visible(folded):
     assert "Torch optimizers" not in err and "full scope" not in err and "multi_tensor" not in err
     line = mcore_notices.summary()
     assert line.startswith("megatron-core ") and "torch optimizers" in line and "torch norm" in line
-    assert "local multi-tensor kernels" in line and "4 start-up warnings" in line and "VERL_BRIDGE_VERBOSE=1" in line
+    assert "local multi-tensor kernels" in line and "5 start-up warnings" in line and "VERL_BRIDGE_VERBOSE=1" in line
     assert mcore_notices.summary() is None  # printed once
 
 

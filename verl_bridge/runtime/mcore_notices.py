@@ -31,7 +31,8 @@ VERBOSE_ENV = "VERL_BRIDGE_VERBOSE"
 KNOWN = (
     (re.compile(r"(Transformer Engine|Apex)( and Apex)? (is|are) not installed\. Falling back to (?P<what>.+)",
                 re.S), "fallback"),
-    (re.compile(r"full scope is deprecated\. Use empty cuda_graph_scope"), None),
+    # 0.16 says "cuda_graph_scope", 0.19.2 "cuda_graph_modules"
+    (re.compile(r"full scope is deprecated\. Use empty cuda_graph_(scope|modules)"), None),
     # megatron-core 0.19's hyper_comm_grid.py at import: it logs through the standard logging module instead
     (re.compile(r"absl\.logging is not installed\. Using logging\.getLogger"), None),
     # tensor_parallel/layers.py, first TP>1 backward: CUDA stream advice, moot without CUDA (kept on a GPU)
