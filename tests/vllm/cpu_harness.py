@@ -284,3 +284,40 @@ def check_stream(hf_dir, stream: Iterable[tuple[str, torch.Tensor]], *, tp_size:
     return {"loaded": sorted(loaded), "missing": missing_params(model, loaded),
             "missing_sources": missing_sources(names, src.keys()),
             "mismatched": compare_to_expected(model, expected)}
+
+
+class CorruptingExporter:
+    """An engine's exporter with the tensor *name* perturbed (+0.5) on its way into vLLM: what the
+    sync probe must catch. The yielded tensors may alias the actor's parameters, so a copy is changed."""
+
+    def __init__(self, inner, name: str):
+        self.inner, self.name, self.stats = inner, name, inner.stats
+
+    def iter_buckets(self):
+        for bucket in self.inner.iter_buckets():
+            yield [(n, t.clone().add_(0.5) if n == self.name else t) for n, t in bucket]
+
+
+def resync_then_corrupt(engine, actor, vocab: int, corrupted: str) -> dict:
+    """After an engine's first sync: a training-like step (every actor weight moved in place), a sync that
+    reshards and verifies again, then a sync whose stream has *corrupted* perturbed
+    (:class:`CorruptingExporter`). Returns ``second_probe`` (the second sync's max probe diff), ``moved``
+    (how far vLLM's probe log-probs moved with the step) and ``caught`` (the probe's error text, None if
+    the corrupted sync passed)."""
+    from verl_bridge.rollout.verify import SyncVerificationError, probe_input_ids
+
+    probe = probe_input_ids(vocab)
+    before = engine.prompt_log_probs(probe)
+    with torch.no_grad():
+        for p in actor.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(5)))
+    engine.sync_weights()  # reshard + verify
+    out = {"second_probe": engine.last_report.max_abs_diff,
+           "moved": float((engine.prompt_log_probs(probe) - before).abs().max())}
+    engine._weight_exporter = CorruptingExporter(engine._exporter(), corrupted)
+    try:
+        engine.sync_weights()
+        out["caught"] = None
+    except SyncVerificationError as e:
+        out["caught"] = str(e)
+    return out

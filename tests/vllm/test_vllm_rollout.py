@@ -42,19 +42,6 @@ def _actor(train_tp: int):
     return tiny_model_provider(args, VOCAB, P + R + 8, tp_size=train_tp)(True, True)
 
 
-class _Corrupting:
-    """The engine's exporter, with one tensor of the stream perturbed on its way into vLLM."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.stats = inner.stats
-
-    def iter_buckets(self):
-        for bucket in self.inner.iter_buckets():
-            # yielded tensors may alias the actor's parameters: perturb a copy
-            yield [(n, t.clone().add_(0.5) if n == CORRUPTED else t) for n, t in bucket]
-
-
 def _rollout_world(rank, world_size, train_tp, rollout_tp):
     from types import SimpleNamespace as NS
 
@@ -64,7 +51,8 @@ def _rollout_world(rank, world_size, train_tp, rollout_tp):
     from verl_bridge.distributed import init_model_parallel, seed_everything
     from verl_bridge.rollout import vllm_engine as ve
     from verl_bridge.rollout.base import SamplingParams
-    from verl_bridge.rollout.verify import SyncVerificationError, megatron_log_probs, probe_input_ids
+    from tests.vllm.cpu_harness import resync_then_corrupt
+    from verl_bridge.rollout.verify import megatron_log_probs
 
     layout = init_model_parallel(train_tp, 1)
     seed_everything(1)
@@ -98,21 +86,8 @@ def _rollout_world(rank, world_size, train_tp, rollout_tp):
                responses=batch.response_ids.tolist(), rollout_lp_diff=float((train_lp - batch.log_probs).abs().max()),
                rollout_lp_mean=float(batch.log_probs.mean()))
 
-    probe = probe_input_ids(VOCAB)
-    before = engine.prompt_log_probs(probe)
-    with torch.no_grad():  # a training step: the actor's weights change in place
-        for p in actor.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(5)))
-    engine.sync_weights()  # reshard + verify
-    out["second_probe"] = engine.last_report.max_abs_diff
-    out["moved"] = float((engine.prompt_log_probs(probe) - before).abs().max())
-
-    engine._weight_exporter = _Corrupting(engine._exporter())
-    try:
-        engine.sync_weights()
-        out["caught"] = None
-    except SyncVerificationError as e:
-        out["caught"] = str(e)
+    # a training step, a verified resync, then a corrupted sync the probe must catch
+    out.update(resync_then_corrupt(engine, actor, VOCAB, CORRUPTED))
     return out
 
 
