@@ -35,21 +35,21 @@ def convert(src, dst, to, fmt, tp, pp, ep, iteration):
     Qwen3-MoE (experts split over --ep ranks)."""
     if tp < 1 or pp < 1 or ep < 1:
         raise click.UsageError(f"--tp={tp}, --pp={pp} and --ep={ep} must be >= 1")
-    from pathlib import Path
-
     from verl_bridge.runtime import mcore_notices
 
     # megatron-core's start-up fallback warnings (no TE/apex) fold into one line, as in `train`
     mcore_notices.install()
     try:
-        _convert(src, dst, to, fmt, tp, pp, ep, iteration, Path)
+        _convert(src, dst, to, fmt, tp, pp, ep, iteration)
     finally:
         line = mcore_notices.summary()
         if line:
             click.echo(f"[INFO] {line}", err=True)
 
 
-def _convert(src, dst, to, fmt, tp, pp, ep, iteration, Path):
+def _convert(src, dst, to, fmt, tp, pp, ep, iteration):
+    from pathlib import Path
+
     from verl_bridge.checkpoint.safe_load import CheckpointError
 
     try:

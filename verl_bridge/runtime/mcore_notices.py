@@ -76,31 +76,29 @@ class _Collector:
     def __init__(self) -> None:
         self.original = None
         self.seen: list[str] = []  # messages folded, in order (each text once)
-        self.torch_deprecated: set[str] = set()  # labels of the torch deprecations folded so far
         self.count = 0
         self.verbose = False
         self.reported = False
 
     def show(self, message, category, filename, lineno, file=None, line=None):
         text = str(message)
-        if issubclass(category, UserWarning) and _MCORE_DIR in os.path.abspath(filename or ""):
-            for pattern, kind in KNOWN:
-                if pattern.search(text) and not (kind == "cpu-only" and _cuda()):
-                    self.count += 1
-                    if text not in self.seen:
-                        self.seen.append(text)
-                    if not self.verbose:
-                        return
-                    break
-        elif issubclass(category, FutureWarning):
-            for pattern, label in TORCH_DEPRECATIONS:
-                if pattern.search(text):
-                    self.count += 1
-                    self.torch_deprecated.add(label)
-                    if not self.verbose:
-                        return
-                    break
+        if _known(text, category, filename):
+            self.count += 1
+            if text not in self.seen:
+                self.seen.append(text)
+            if not self.verbose:
+                return
         self.original(message, category, filename, lineno, file, line)
+
+
+def _known(text: str, category, filename) -> bool:
+    """A megatron-core notice of :data:`KNOWN` raised from inside ``megatron/core``, or one of torch's
+    :data:`TORCH_DEPRECATIONS` (raised inside torch, so matched by category and text alone)."""
+    if issubclass(category, UserWarning) and _MCORE_DIR in os.path.abspath(filename or ""):
+        return any(pattern.search(text) and not (kind == "cpu-only" and _cuda()) for pattern, kind in KNOWN)
+    if issubclass(category, FutureWarning):
+        return any(pattern.search(text) for pattern, _ in TORCH_DEPRECATIONS)
+    return False
 
 
 _collector: Optional[_Collector] = None
@@ -147,7 +145,7 @@ def _torch_deprecates_collectives() -> bool:
 def summary() -> Optional[str]:
     """The one line for what was folded so far (None: nothing folded, or already reported)."""
     c = _collector
-    if c is None or not (c.seen or c.torch_deprecated) or c.reported:
+    if c is None or not c.seen or c.reported:
         return None
     c.reported = True
     uses: list[str] = []
@@ -172,7 +170,7 @@ def summary() -> Optional[str]:
     if uses:
         line += ": " + ", ".join(uses)
     extra = f", {notices} about a default of its own (cuda_graph_scope)" if notices else ""
-    labels = set(c.torch_deprecated)
+    labels = {label for text in c.seen for pattern, label in TORCH_DEPRECATIONS if pattern.search(text)}
     if _torch_deprecates_collectives():
         labels.add(COLLECTIVES_LABEL)  # usually raised later, at the first TP/SP forward: named here already
     if labels:
