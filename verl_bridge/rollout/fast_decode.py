@@ -291,6 +291,13 @@ class FastDecoder:
             x = self._mlp(L, x)
         return self._logits(x)[:, 0]
 
+    def decode_and_sample(self, tok, abs_pos, write_idx, key_valid, cache_k, cache_v, done,
+                          temperature: float, top_p: float, top_k: int, pad_token_id: int):
+        """One whole decode step (all layers, then the draw of :func:`sample_step`): what
+        ``compile_decode`` compiles as one graph, so the logits' fp32 cast fuses into the draw."""
+        logits = self.forward_decode(tok, abs_pos, write_idx, key_valid, cache_k, cache_v)
+        return sample_step(logits, done, temperature, top_p, top_k, pad_token_id)
+
 
     @torch.no_grad()
     def teacher_forced_logits(self, ids: torch.Tensor, decode_steps: int) -> torch.Tensor:
@@ -322,6 +329,37 @@ def gumbel_sample(logits: torch.Tensor, temperature: float, top_p: float, top_k:
     logits = filter_logits(logits, temperature, top_p, top_k)
     u = torch.rand(logits.shape, device=logits.device, generator=generator).clamp_(min=1e-10)
     return (logits - torch.log(-torch.log(u))).argmax(dim=-1)
+
+
+def sample_step(logits: torch.Tensor, done: torch.Tensor, temperature: float, top_p: float, top_k: int,
+                pad_token_id: int, generator: Optional[torch.Generator] = None):
+    """One decode step's tokens [B] and their log-probs [B] under the distribution sampled from
+    (``softmax(logits / T)`` after top-k / top-p, renormalised; greedy ``T == 0``: the plain softmax).
+    Rows already ``done`` get ``pad_token_id`` and log-prob 0.
+
+    Without filtering (the RL default: top-k 0, top-p 1) the log-prob is ``z[tok] - logsumexp(z)``:
+    two row reductions over the vocabulary and no ``[B, V]`` intermediate, which is what lets
+    ``torch.compile`` fuse the whole draw into a couple of passes over the logits (eager, the draw
+    and a full log-softmax were ~10 passes over a ``[B, 152k]`` fp32 tensor: a third of a decode
+    step at batch 512).
+    """
+    filtered = temperature != 0 and ((top_k and top_k < logits.shape[-1]) or top_p < 1.0)
+    if filtered:
+        tok = gumbel_sample(logits, temperature, top_p, top_k, generator=generator)
+        lp = sampled_log_probs(logits, tok, temperature, top_p, top_k)
+    else:
+        z = logits.float()
+        if temperature not in (0, 1):
+            z = z / temperature
+        if temperature == 0:
+            tok = z.argmax(dim=-1)
+        else:
+            u = torch.rand(z.shape, device=z.device, generator=generator).clamp_(min=1e-10)
+            tok = (z - torch.log(-torch.log(u))).argmax(dim=-1)
+        lp = z.gather(-1, tok[:, None])[:, 0] - torch.logsumexp(z, dim=-1)
+    tok = torch.where(done, torch.full_like(tok, pad_token_id), tok)
+    lp = torch.where(done, torch.zeros_like(lp), lp)
+    return tok, lp
 
 
 def attended_lengths(P: int, L: int, buckets: int = 4, align: int = 64) -> list[int]:
@@ -380,10 +418,17 @@ class FastEngine:
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, use_cuda_graphs: Optional[bool] = None,
-                 pad_to: int = 16, compile: bool = False):
+                 pad_to: int = 16, compile: bool = False, compile_sampler: Optional[bool] = None):
         self.decoder = FastDecoder(model)
-        # compile=True: inductor fuses the step's element-wise work before the graph is captured
-        if compile:
+        self.device = device
+        self.graphs = device.type == "cuda" if use_cuda_graphs is None else use_cuda_graphs
+        # compile=True: inductor fuses the whole step (layers and the draw) before the graph is captured.
+        # Otherwise, on the CUDA-graph path, only the draw (sample_step) is compiled by default: its
+        # shapes are [B, V] whatever the prompt width, so it compiles once per batch size (seconds),
+        # and it turns ~10 passes over the fp32 logits into two. TORCHDYNAMO_DISABLE=1 turns both off.
+        if compile_sampler is None:
+            compile_sampler = self.graphs and device.type == "cuda"
+        if compile or compile_sampler:
             # one specialisation per (batch shape, attended length): raise dynamo's per-function cache
             # limit so that a few buckets and batch shapes never fall back to eager silently
             import torch._dynamo.config as dynamo_config
@@ -391,9 +436,10 @@ class FastEngine:
             for knob in ("cache_size_limit", "recompile_limit"):
                 if hasattr(dynamo_config, knob):
                     setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), 64))
-        self._decode = torch.compile(self.decoder.forward_decode, dynamic=False) if compile else self.decoder.forward_decode
-        self.device = device
-        self.graphs = device.type == "cuda" if use_cuda_graphs is None else use_cuda_graphs
+        self.compiled = compile
+        self._whole_step = torch.compile(self.decoder.decode_and_sample, dynamic=False) if compile else None
+        self._sampler = torch.compile(sample_step, dynamic=False) if (compile or compile_sampler) else None
+        self.sampler_fallback: Optional[str] = None  # why the compiled draw was given up, if it was
         self.pad_to = pad_to
         self._states: dict = {}
         self._fp = None
@@ -404,18 +450,37 @@ class FastEngine:
     def _step(self, st: _State, params: SamplingParams, gen, length: int):
         """One decode step attending over the first ``length`` cache slots (see :func:`attended_lengths`)."""
         st.key_valid.index_fill_(1, st.write_idx.view(1), True)
-        logits = self._decode(st.tok, st.abs_pos, st.write_idx, st.key_valid[:, :length],
-                              [c[:, :, :length] for c in st.cache_k], [c[:, :, :length] for c in st.cache_v])
-        self._emit(st, logits, params, gen)
+        args = (st.tok, st.abs_pos, st.write_idx, st.key_valid[:, :length],
+                [c[:, :, :length] for c in st.cache_k], [c[:, :, :length] for c in st.cache_v])
+        if self._whole_step is not None and gen is None:
+            tok, lp = self._whole_step(*args, st.done, params.temperature, params.top_p,
+                                       params.top_k, params.pad_token_id)
+            self._record(st, tok, lp, params)
+        else:
+            self._emit(st, self.decoder.forward_decode(*args), params, gen)
+
+    def _draw(self, logits, done, params: SamplingParams, gen):
+        if self._sampler is not None and gen is None and self.sampler_fallback is None:
+            try:
+                return self._sampler(logits, done, params.temperature, params.top_p, params.top_k, params.pad_token_id)
+            except Exception as e:  # noqa: BLE001 - no working compiler toolchain: draw eagerly, say so once
+                self.sampler_fallback = f"{type(e).__name__}: {e}"[:300]
+                import logging
+
+                logging.getLogger(__name__).warning("compiled sampling failed, sampling eagerly: %s",
+                                                    self.sampler_fallback)
+        return sample_step(logits, done, params.temperature, params.top_p, params.top_k, params.pad_token_id,
+                           generator=gen)
 
     def _emit(self, st: _State, logits, params: SamplingParams, gen):
-        tok = gumbel_sample(logits, params.temperature, params.top_p, params.top_k, generator=gen)
-        lp = sampled_log_probs(logits, tok, params.temperature, params.top_p, params.top_k)
-        tok = torch.where(st.done, torch.full_like(tok, params.pad_token_id), tok)
+        tok, lp = self._draw(logits, st.done, params, gen)
+        self._record(st, tok, lp, params)
+
+    def _record(self, st: _State, tok, lp, params: SamplingParams):
         t = st.t.view(1)
         st.response.index_copy_(1, t, tok[:, None])
         st.resp_mask.index_copy_(1, t, (~st.done).long()[:, None])
-        st.resp_lp.index_copy_(1, t, torch.where(st.done, torch.zeros_like(lp), lp)[:, None])
+        st.resp_lp.index_copy_(1, t, lp[:, None])
         if params.eos_token_id is not None:
             st.done |= tok == params.eos_token_id
         st.tok.copy_(tok)
