@@ -36,7 +36,8 @@ from verl_bridge import algorithms as A
 from verl_bridge.algorithms.registry import AlgorithmSpec
 from verl_bridge.algorithms.rollout_correction import tis_weights
 from verl_bridge.common.batch import Experience
-from verl_bridge.runtime.forward import forward_micro_batches, response_logits, response_values
+from verl_bridge.runtime.forward import (forward_micro_batches, response_logits, response_token_log_probs,
+                                         response_values)
 from verl_bridge.runtime.logprobs import token_entropy, token_log_probs, unpadded_vocab_size
 from verl_bridge.common.state import TrainerState
 
@@ -47,8 +48,11 @@ def actor_loss(mb: Experience, output: torch.Tensor, *, config, spec: AlgorithmS
     times ``loss_scale``; ``vocab_size``: the unpadded vocabulary."""
     a = config.algorithm
     mask = mb.response_mask
-    logits = response_logits(output, mb, config.rollout.temperature, vocab_size)
-    lp = token_log_probs(logits, mb.response_ids)
+    if a.entropy_coef > 0:  # the entropy needs the whole distribution: fp32 logits
+        logits = response_logits(output, mb, config.rollout.temperature, vocab_size)
+        lp = token_log_probs(logits, mb.response_ids)
+    else:
+        lp = response_token_log_probs(output, mb, config.rollout.temperature, vocab_size)
     low = a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio
     high = a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio
     extra, tis = {}, {}
