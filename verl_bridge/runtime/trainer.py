@@ -251,6 +251,7 @@ class MegatronTrainer:
         stats = make_experience(exp, state, self.spec)
         t1 = time.perf_counter()
         metrics = {**stats, **update(exp, state, self.spec, step)}
+        t_update = time.perf_counter() - t1
         self.engine.sync_weights()
         if self.config.rollout.verify_sync and self.config.rollout.engine == "native":  # rollout/verify.py
             from verl_bridge.rollout.verify import resolve_threshold, verify_native_engine
@@ -270,8 +271,11 @@ class MegatronTrainer:
         metrics = _mean_over_dp(metrics, self.layout)
         tokens = _sum_over_dp(float(exp.attention_mask.sum()), self.layout)
         elapsed = time.perf_counter() - t0
+        # time_train_s: update + weight sync + sync check (as before); time_experience_s: old/ref
+        # log-probs, values, advantages; time_update_s: the optimizer steps alone (what MFU is of)
         metrics.update(throughput_tokens_per_s=tokens / elapsed, time_rollout_s=t_rollout,
-                       time_train_s=t_train, time_step_s=elapsed)
+                       time_train_s=t_train, time_step_s=elapsed, time_experience_s=t1 - t0 - t_rollout,
+                       time_update_s=t_update)
         # a placed reward's timings: time_rollout_s (generation), time_reward_s, time_reward_wait_s
         metrics.update(self.producer.reward.timings)
         state.kl_ctl.update(metrics["kl"], n_steps=exp.size * self.layout.dp_size)
