@@ -63,7 +63,7 @@ def load_lines(device: str = "cuda") -> list[str]:
         env = d.get("environment", {})
         smi = env.get("nvidia_smi") or {}
         if smi or "bf16_matmul_tflops_measured" in env:
-            out.append(f"{name} ({d['when']}): SM clock {smi.get('clocks.sm', '?')} of {smi.get('clocks.max.sm', '?')}, "
+            out.append(f"{name} ({d['when']}, {env.get('gpu', '?')}): SM clock {smi.get('clocks.sm', '?')} of {smi.get('clocks.max.sm', '?')}, "
                        f"{smi.get('power.draw', '?')}, bf16 matmul {env.get('bf16_matmul_tflops_measured', '?')} TFLOP/s "
                        f"measured in the same run; megatron-core {env.get('megatron.core', '?')}, torch {env.get('torch', '?')}")
     return out

@@ -3,14 +3,17 @@
 Model: Qwen2-0.5B's shape, random weights, bf16, saved once as a local HF directory with a
 word-level tokenizer (no downloads). Batch: 16 prompts x 4 generations = 64 sequences, prompt 128
 tokens, up to 256 new tokens, temperature 1, no KL (no reference model on either side), one
-optimizer step per batch, lr 1e-6. Reward: a rule on the text (identical function both sides).
+optimizer step per batch, lr 1e-6; ours forms its micro-batches by a token budget that holds the
+whole batch (``trainer.args.use_dynamic_bsz``; TRL's side runs the 64 sequences in one pass too). Reward: a rule on the text (identical function both sides).
 
 Each side runs ``--steps`` steps in its own subprocess of this one script run (so neither
 framework's process-group or allocator state leaks into the other); the first step is warm-up
 (graph capture, compilation) and the median of the rest is reported. On CUDA ours runs twice:
 with the trainer's defaults (the headline) and with ``rollout.compile_decode: true``. ``tokens/s`` = sequences x
 (prompt + response) tokens / step time. ``ratio`` = ours / TRL. Also: MFU of our actor update,
-6 N T + 12 L h S T FLOPs over ``time_train_s``, against the bf16 matmul rate measured here.
+6 N T + 12 L h S T FLOPs over ``time_update_s`` (the optimizer steps alone; ``mfu_over_train_s``
+divides by ``time_train_s``, which adds the weight sync and the sync check), against the bf16
+matmul rate measured here.
 
     python benchmarks/rl_step.py          # writes benchmarks/results/rl_step-<device>.json
 """
@@ -55,7 +58,13 @@ def _write_prompts(path: Path, vocab: int, n: int, plen: int) -> None:
             f.write(json.dumps({"prompt": " ".join(f"w{i}" for i in ids), "answer": ""}) + "\n")
 
 
-def run_ours(model_dir: str, small: bool, steps: int, compile_decode: bool = False) -> dict:
+def _merge(base: dict, extra: dict) -> dict:
+    for k, v in extra.items():
+        base[k] = _merge(dict(base.get(k) or {}), v) if isinstance(v, dict) else v
+    return base
+
+
+def run_ours(model_dir: str, small: bool, steps: int, compile_decode: bool = False, extra: dict | None = None) -> dict:
     from transformers import PreTrainedTokenizerFast
 
     from verl_bridge import MegatronBridge, MegatronTrainer
@@ -65,7 +74,12 @@ def run_ours(model_dir: str, small: bool, steps: int, compile_decode: bool = Fal
     cuda = torch.cuda.is_available()
     cfg = {
         "trainer": {"total_steps": steps, "output_dir": None, "device": "cuda" if cuda else "cpu",
-                    "precision": "bf16" if cuda else "fp32", "progress_bar": False, "seed": 1},
+                    "precision": "bf16" if cuda else "fp32", "progress_bar": False, "seed": 1,
+                    # verl's use_dynamic_bsz: micro-batches by a token budget; this one holds the whole
+                    # batch (TRL's side also runs all 64 sequences in one pass). On the H100 it took the
+                    # update from 0.52 s in 4 micro-batches of 16 rows to 0.34 s (kernel_profile.py)
+                    "args": {"use_dynamic_bsz": True,
+                             "max_tokens_per_micro_batch": w["PROMPTS"] * w["GROUP"] * (w["P"] + w["R"])}},
         "model": {"actor": {"type": "megatron", "args": {"model_name_or_path": model_dir}},
                   "reward": {"type": "function", "args": {"path": "benchmarks.rl_step:reward"}}},
         "data": {"rollout_batch_size": w["PROMPTS"], "max_prompt_length": w["P"], "max_response_length": w["R"],
@@ -75,7 +89,7 @@ def run_ours(model_dir: str, small: bool, steps: int, compile_decode: bool = Fal
         "optim": {"actor": {"lr": 1e-6}},
         "rollout": {"temperature": 1.0, "compile_decode": compile_decode},
     }
-    config = load_config(cfg)
+    config = load_config(_merge(cfg, extra or {}))
     config.source_dir = str(ROOT)
     # AutoTokenizer would pick Qwen2Tokenizer from config.json's model_type; load the saved one as is
     tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
@@ -171,16 +185,16 @@ def main(argv=None) -> int:
         (baseline if side == "trl" else results)[
             "compile_decode_process_wall_s" if side == "ours_compiled" else "process_wall_s"] = wall
 
-    def medians(side: str) -> tuple[float, float, float, list]:
-        """Median step, rollout and update seconds over the steps after the warm-up one."""
+    def medians(side: str) -> tuple[float, float, float, float, list]:
+        """Median step, rollout, train (update + sync + check) and update-only seconds after the warm-up step."""
         hist = side_out[side]["history"][1:] or side_out[side]["history"]
-        return (*(statistics.median(h[k] for h in hist) for k in ("time_step_s", "time_rollout_s", "time_train_s")),
-                hist)
+        return (*(statistics.median(h[k] for h in hist)
+                  for k in ("time_step_s", "time_rollout_s", "time_train_s", "time_update_s")), hist)
 
     if "ours" in side_out:
-        step, roll, train, hist = medians("ours")
+        step, roll, train, upd, hist = medians("ours")
         resp = statistics.mean(h["response_length"] for h in hist)
-        results.update(step_s=step, rollout_s=roll, train_s=train, mean_response_length=resp,
+        results.update(step_s=step, rollout_s=roll, train_s=train, update_s=upd, mean_response_length=resp,
                        tokens_per_s=seqs * (w["P"] + w["R"]) / step,
                        reward_mean_by_step=[h["reward_mean"] for h in side_out["ours"]["history"]])
         if dev.type == "cuda":
@@ -190,10 +204,13 @@ def main(argv=None) -> int:
             S = w["P"] + w["R"]
             flops = (6 * n_matmul + 12 * L * h * S) * seqs * S
             peak = C.matmul_tflops(dev, 8192)
-            results.update(update_tflops=flops / train / 1e12, matmul_peak_tflops=peak,
-                           mfu=flops / train / 1e12 / peak, flops_formula="6*N*T + 12*L*h*S*T, N = matmul params")
+            # MFU of the actor update (the optimizer steps, time_update_s); over time_train_s (which
+            # also holds the weight sync and the sync check) as well, the figure reported before
+            results.update(update_tflops=flops / upd / 1e12, matmul_peak_tflops=peak,
+                           mfu=flops / upd / 1e12 / peak, mfu_over_train_s=flops / train / 1e12 / peak,
+                           flops_formula="6*N*T + 12*L*h*S*T, N = matmul params")
     if "ours_compiled" in side_out:
-        step, roll, _, _ = medians("ours_compiled")
+        step, roll, _, _, _ = medians("ours_compiled")
         results.update(compile_decode_step_s=step, compile_decode_rollout_s=roll,
                        compile_decode_tokens_per_s=seqs * (w["P"] + w["R"]) / step)
     if "trl" in side_out:

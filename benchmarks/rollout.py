@@ -67,6 +67,7 @@ def rl_size(mc, hf, shape, dev, dtype, B: int, P: int, R: int, compile: bool) ->
     engine.generate(plist, sp, seed=0)  # capture (and compile)
     t = C.timed(lambda: engine.generate(plist, sp, seed=1), dev, repeat=2)
     out = {"batch": B, "prompt_len": P, "new_tokens": R, "native_tokens_per_s": B * R / t,
+           "compiled": compile,
            "engine_path": "fast" if engine.fast is not None else "module"}
     if dev.type == "cuda":
         spec = 4.8e12  # H200 HBM3e, NVIDIA's data sheet
@@ -101,7 +102,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-compile", action="store_true", help="skip the compiled variant of the fast decoder")
     ap.add_argument("--rl-sizes", default=None,
                     help="comma-separated batch sizes measured at RL sizes (1024 new tokens on CUDA; "
-                         "default on CUDA: 256,512; on CPU: 8 with 32 new tokens)")
+                         "default on CUDA: 256,512; on CPU: 8 with 32 new tokens; none: skip)")
     args = ap.parse_args(argv)
     dev = C.device()
     small = args.small or dev.type == "cpu"
@@ -187,7 +188,8 @@ def main(argv=None) -> int:
     best = max(v for k, v in baseline.items() if k.endswith("tokens_per_s"))
     ratio = round(results["native_tokens_per_s"] / best, 3)
     del engine
-    sizes = [int(x) for x in (args.rl_sizes or ("8" if small else "256,512")).split(",") if x]
+    sizes = [] if args.rl_sizes == "none" else [
+        int(x) for x in (args.rl_sizes or ("8" if small else "256,512")).split(",") if x]
     results["rl_sizes"] = [rl_size(mc, None if args.skip_static else hf, shape, dev, dtype, b, P,
                                    32 if small else 1024, compile=not small)
                            for b in sizes]

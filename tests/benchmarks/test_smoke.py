@@ -77,6 +77,36 @@ def test_rl_step_benchmark_runs(tmp_path):
     assert _finite_positive(out["ratio"])
 
 
+@pytest.mark.slow
+def test_kernel_profile_runs(tmp_path):
+    """The profile behind #24's "where the time goes" runs both parts on today's code. On CPU the
+    profiler records no GPU kernels, so only the timings and the update's FLOP accounting are checked."""
+    out = _run("kernel_profile", tmp_path)
+    dec, upd = out["results"]["decode"], out["results"]["update"]
+    assert dec and all("error" not in d and _finite_positive(d["tokens_per_s"]) for d in dec), dec
+    for label in ("micro_batch_16_rows", "token_budget_one_micro_batch"):
+        u = upd[label]
+        assert "error" not in u, u.get("error")
+        assert u["real_tokens"] == u["tokens"] > 0 and _finite_positive(u["update_wall_s"])
+        assert _finite_positive(u["model_tflop"]) and "by_class_us" in u["profile"]
+
+
+def test_kernel_classes():
+    """Kernel names as CUPTI reports them on the H100/H200 land in the class the profile reports."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.kernel_profile import kernel_class
+
+    assert kernel_class("nvjet_sm90_tst_128x192_64x5_1x2_h_bz_coopB_NNN") == "gemm"
+    assert kernel_class("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7") == "attention"
+    assert kernel_class("fmha_cutlassF_bf16_aligned_64x64_rf_sm80") == "attention"
+    assert kernel_class("triton_red_fused__to_copy_argmax_logsumexp_rand_14") == "triton (inductor-fused)"
+    assert kernel_class("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>") == \
+        "reduction/softmax/norm"
+    assert kernel_class("void at::native::elementwise_kernel<128, 4, gpu_kernel_impl_nocast<direct_copy_kernel_cuda") \
+        == "copy/index/cat"
+    assert kernel_class("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>") == "elementwise"
+
+
 def test_results_dir_redirect(tmp_path, monkeypatch):
     """BENCH_RESULTS_DIR decides where write_result puts the JSON (smoke runs never touch results/)."""
     monkeypatch.setenv("BENCH_RESULTS_DIR", str(tmp_path))
