@@ -254,3 +254,84 @@ def test_sample_step_filtered_renormalises():
     freq = (tok == 0).float().mean()
     assert abs(freq - ref[0].exp()) < 0.015
 
+
+
+def test_finished_rows_stop_costing_compute():
+    """With EOS, rows that finished are dropped from the step: the live rows are gathered into a
+    batch of half the size (then a quarter, ...) and decoding goes on there. Greedy decoding makes
+    the tokens comparable: they, the response masks and the log-probs must equal the run that kept
+    every row, in the batch's order, while fewer row-steps were computed."""
+    from verl_bridge.distributed import init_model_parallel, seed_everything
+    from verl_bridge.rollout.base import SamplingParams
+    from verl_bridge.rollout.fast_decode import FastEngine
+
+    init_model_parallel(1, 1)
+    seed_everything(0)
+    model = _tiny_model().eval()
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, 16, (int(n),), generator=g).tolist()
+               for n in torch.randint(3, 12, (16,), generator=g)]
+    R = 24
+    free = FastEngine(model, torch.device("cpu"))
+    free.compact = False
+    greedy = free.generate(prompts, SamplingParams(max_new_tokens=R, temperature=0.0, eos_token_id=None,
+                                                   pad_token_id=0), seed=0).response_ids
+    # the EOS: the token whose first appearance splits the rows most (some finish early, some never)
+    def first_hits(tok):
+        hit = greedy == tok
+        return torch.where(hit.any(1), hit.float().argmax(1), torch.full((16,), R))
+    eos = max(range(1, 16), key=lambda t: ((first_hits(t) < 8).sum() * (first_hits(t) >= R).sum()).item())
+    hits = first_hits(eos)
+    assert (hits < 8).sum() >= 4 and (hits >= 12).sum() >= 2, hits  # the test needs rows finishing apart
+
+    sp = SamplingParams(max_new_tokens=R, temperature=0.0, eos_token_id=eos, pad_token_id=0)
+    ref = free.generate(prompts, sp, seed=0)
+    eng = FastEngine(model, torch.device("cpu"))
+    eng.check_every, eng.min_rows = 2, 1
+    got = eng.generate(prompts, sp, seed=0)
+    assert torch.equal(got.response_ids, ref.response_ids)
+    assert torch.equal(got.response_mask, ref.response_mask)
+    torch.testing.assert_close(got.log_probs, ref.log_probs, rtol=0, atol=1e-5)
+    stats = eng.last_stats
+    assert stats["final_batch"] < 16 and stats["row_steps"] < 0.8 * stats["row_steps_uncompacted"], stats
+    assert free.last_stats["row_steps"] == free.last_stats["row_steps_uncompacted"]
+
+    # sampling: each row's mask ends right after its first EOS; pad (0) after it
+    out = eng.generate(prompts, SamplingParams(max_new_tokens=R, temperature=1.0, eos_token_id=eos,
+                                               pad_token_id=0), seed=5)
+    for row, mask in zip(out.response_ids, out.response_mask):
+        n = int(mask.sum())
+        assert mask[:n].all() and not mask[n:].any()
+        assert (row[n:] == 0).all()
+        if n < R:
+            assert row[n - 1] == eos and (row[: n - 1] != eos).all()
+
+
+def test_batch_larger_than_the_memory_budget_runs_in_equal_passes():
+    """The KV cache is planned from a byte budget (rollout.gpu_memory_utilization of the free device
+    memory on CUDA; given directly here): a batch that does not fit runs in equal passes, whose
+    outputs (greedy, so comparable) equal the single pass, in the batch's order."""
+    from verl_bridge.distributed import init_model_parallel, seed_everything
+    from verl_bridge.rollout.base import SamplingParams
+    from verl_bridge.rollout.fast_decode import FastEngine
+
+    init_model_parallel(1, 1)
+    seed_everything(0)
+    model = _tiny_model().eval()
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(1, 16, (int(n),), generator=g).tolist()
+               for n in torch.randint(3, 12, (13,), generator=g)]
+    sp = SamplingParams(max_new_tokens=10, temperature=0.0, eos_token_id=None, pad_token_id=0)
+    whole = FastEngine(model, torch.device("cpu"))
+    ref = whole.generate(prompts, sp, seed=0)
+    per_row = whole.row_bytes(16, 10)  # prompt width 16 (pad_to), 10 new tokens
+    small = FastEngine(model, torch.device("cpu"), kv_budget_bytes=5 * per_row)
+    assert small.rows_per_pass(13, 16, 10) == 5  # 13 rows, 5 fit: three passes of 5 (the last filled up)
+    got = small.generate(prompts, sp, seed=0)
+    assert small.last_stats["passes"] == 3
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask"):
+        assert torch.equal(getattr(got, name), getattr(ref, name)), name
+    torch.testing.assert_close(got.log_probs, ref.log_probs, rtol=0, atol=1e-5)
+    # one row's budget: one row per pass; no budget: one pass
+    assert FastEngine(model, torch.device("cpu"), kv_budget_bytes=per_row).rows_per_pass(13, 16, 10) == 1
+    assert whole.rows_per_pass(13, 16, 10) == 13

@@ -195,6 +195,8 @@ class RolloutConfig:
     bucket_mb: int = 256
     verify_sync: bool = True
     verify_threshold: Optional[float] = None  # None: 1e-3 for fp32 weights, 0.1 for bf16/fp16 (rollout/verify.py)
+    # vLLM: its gpu_memory_utilization; native engine on CUDA: the share of the device memory free when a
+    # batch shape first generates that its KV cache and step buffers may take (larger batches run in passes)
     gpu_memory_utilization: float = 0.5
     eval_temperature: float = 0.0  # 0 = greedy decoding in evaluation
     compile_decode: bool = False  # native engine on CUDA: torch.compile the decode step before graph capture

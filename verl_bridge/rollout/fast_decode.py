@@ -403,6 +403,28 @@ class _State:
         self.resp_lp = torch.zeros(B, R, dtype=torch.float32, device=device)
         self.graphs: dict[int, "torch.cuda.CUDAGraph"] = {}  # one per attended cache length (see lengths)
         self.lengths = attended_lengths(P, L)
+        self.batch = B
+        self.views: dict[int, "_State"] = {}  # compacted states over this one's first rows (view())
+
+    def view(self, rows: int) -> "_State":
+        """A state over the first ``rows`` rows of this one's buffers (the same memory, no copy), with
+        graphs of its own: what generation continues in once enough rows have finished."""
+        v = self.views.get(rows)
+        if v is None:
+            v = object.__new__(_State)
+            v.cache_k = [c[:rows] for c in self.cache_k]
+            v.cache_v = [c[:rows] for c in self.cache_v]
+            for name in ("key_valid", "tok", "abs_pos", "done", "response", "resp_mask", "resp_lp"):
+                setattr(v, name, getattr(self, name)[:rows])
+            v.write_idx, v.t = self.write_idx, self.t  # shared scalars
+            v.graphs, v.lengths, v.batch, v.views = {}, self.lengths, rows, {}
+            self.views[rows] = v
+        return v
+
+    def per_row(self) -> list[torch.Tensor]:
+        """Every buffer with one row per sequence (what compaction gathers)."""
+        return [*self.cache_k, *self.cache_v, self.key_valid, self.tok, self.abs_pos, self.done,
+                self.response, self.resp_mask, self.resp_lp]
 
     def step_buffers(self) -> tuple[torch.Tensor, ...]:
         """What one decode step mutates outside the KV cache (saved/restored around capture)."""
@@ -418,8 +440,15 @@ class FastEngine:
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, use_cuda_graphs: Optional[bool] = None,
-                 pad_to: int = 16, compile: bool = False, compile_sampler: Optional[bool] = None):
+                 pad_to: int = 16, compile: bool = False, compile_sampler: Optional[bool] = None,
+                 memory_fraction: Optional[float] = None, kv_budget_bytes: Optional[int] = None):
         self.decoder = FastDecoder(model)
+        # the memory plan (rows_per_pass): a batch whose KV cache and step buffers do not fit the budget
+        # is generated in equal passes that do. Budget: kv_budget_bytes, else memory_fraction
+        # (rollout.gpu_memory_utilization) of the device memory free when a shape is first generated
+        self.memory_fraction = memory_fraction
+        self.kv_budget_bytes = kv_budget_bytes
+        self._plans: dict = {}
         self.device = device
         self.graphs = device.type == "cuda" if use_cuda_graphs is None else use_cuda_graphs
         # compile=True: inductor fuses the whole step (layers and the draw) before the graph is captured.
@@ -441,6 +470,15 @@ class FastEngine:
         self._sampler = torch.compile(sample_step, dynamic=False) if (compile or compile_sampler) else None
         self.sampler_fallback: Optional[str] = None  # why the compiled draw was given up, if it was
         self.pad_to = pad_to
+        # finished rows stop costing compute: every check_every steps (one host sync, which the EOS
+        # check already made) the live rows are gathered into the first rows of the state and the
+        # step continues on a batch of half, a quarter, ... the size (never under min_rows), with
+        # graphs of its own. Off under compile: each new batch size would compile the step again.
+        self.check_every = 16
+        self.compact = not compile
+        self.min_rows = 8
+        self.last_stats: dict = {}
+        self.max_states = 4  # shapes (batch, prompt width, ...) whose KV cache and graphs are kept
         self._states: dict = {}
         self._fp = None
 
@@ -488,8 +526,59 @@ class FastEngine:
         st.write_idx += 1
         st.t += 1
 
+    def row_bytes(self, P: int, R: int) -> int:
+        """Device bytes one row of a (prompt width ``P``, ``R`` new tokens) batch holds while generating:
+        its KV cache (every layer, K and V, ``P + R`` slots) plus the step's fp32 logits and the draw's
+        temporaries over the vocabulary (3 x V x 4) and its prefill activations (P x 3 x FFN)."""
+        dec = self.decoder
+        c = dec.model.config
+        isz = dec._output_weight().element_size()
+        kv = 2 * len(dec.model.decoder.layers) * dec.num_groups * (P + R) * dec.head_dim * isz
+        vocab = dec._output_weight().shape[0]
+        return kv + 3 * vocab * 4 + P * 3 * (c.ffn_hidden_size or 4 * c.hidden_size) * isz
+
+    def rows_per_pass(self, B: int, P: int, R: int) -> int:
+        """How many of ``B`` rows one pass generates (all of them unless the budget says otherwise)."""
+        key = (B, P, R)
+        if key in self._plans:
+            return self._plans[key]
+        budget = self.kv_budget_bytes
+        if budget is None and self.memory_fraction is not None and self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+            budget = int(self.memory_fraction * (free + cached))
+        rows = B if budget is None else max(1, min(B, budget // self.row_bytes(P, R)))
+        if rows < B:  # the fewest passes that fit, of equal size (one captured state serves them all)
+            rows = -(-B // -(-B // rows))
+        self._plans[key] = rows
+        return rows
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:
+        width = max(len(p) for p in prompts)
+        width = -(-width // self.pad_to) * self.pad_to
+        B = len(prompts)
+        rows = self.rows_per_pass(B, width, params.max_new_tokens)
+        if rows >= B:
+            return self._generate(prompts, params, seed, width)
+        # the batch's KV cache does not fit the budget: equal passes of ``rows`` prompts (the last one
+        # filled up with copies of its last prompt, whose outputs are dropped), each with its own seed
+        parts = []
+        for k, start in enumerate(range(0, B, rows)):
+            chunk = prompts[start:start + rows]
+            n = len(chunk)
+            chunk = chunk + [chunk[-1]] * (rows - n)
+            out = self._generate(chunk, params, seed if k == 0 else (seed * 1_000_003 + k) % (2 ** 63), width)
+            parts.append((out, n))
+        self.last_stats = {**self.last_stats, "passes": len(parts), "rows_per_pass": rows}
+
+        def cat(name):
+            return torch.cat([getattr(o, name)[:n] for o, n in parts])
+
+        return RolloutBatch(cat("prompt_ids"), cat("prompt_mask"), cat("response_ids"), cat("response_mask"),
+                            log_probs=cat("log_probs"))
+
+    def _generate(self, prompts: list[list[int]], params: SamplingParams, seed: int, width: int) -> RolloutBatch:
         from verl_bridge.rollout.base import left_pad
 
         dec = self.decoder
@@ -497,8 +586,6 @@ class FastEngine:
         was_training = model.training
         model.eval()
         dev = self.device
-        width = max(len(p) for p in prompts)
-        width = -(-width // self.pad_to) * self.pad_to
         prompt_ids, prompt_mask = left_pad(prompts, params.pad_token_id, dev)
         if prompt_ids.shape[1] < width:
             extra = width - prompt_ids.shape[1]
@@ -512,10 +599,12 @@ class FastEngine:
             self._states.clear()
             self._fp = fp
         key = (B, P, R, params.temperature, params.top_p, params.top_k, params.eos_token_id, params.pad_token_id)
-        st = self._states.get(key)
+        st = self._states.pop(key, None)
         if st is None:
+            while len(self._states) >= self.max_states:  # the least recently used shape gives its memory back
+                self._states.pop(next(iter(self._states)))
             st = _State(dec, B, P, R, dev, dtype)
-            self._states[key] = st
+        self._states[key] = st  # most recently used last
         use_graph = self.graphs and dev.type == "cuda"
         if use_graph:
             torch.cuda.manual_seed(seed)
@@ -542,23 +631,9 @@ class FastEngine:
         self._emit(st, logits, params, gen)
 
         steps = R - 1
-        if use_graph and steps > 0 and not st.graphs:
-            snapshot = [t.clone() for t in st.step_buffers()]
-            for length in st.lengths:
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    self._step(st, params, gen, length)  # warm-up (allocator, kernels, compilation)
-                torch.cuda.current_stream().wait_stream(s)
-                for dst, src in zip(st.step_buffers(), snapshot):
-                    dst.copy_(src)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    self._step(st, params, gen, length)
-                for dst, src in zip(st.step_buffers(), snapshot):
-                    dst.copy_(src)
-                st.graphs[length] = g
-        check_every = 16
+        cur, rows = st, None  # the state decoding now, and its rows' indices in the batch (None: all, in order)
+        final = None  # the batch's response / mask / log-probs once some rows were compacted away
+        row_steps = 0
         bucket = 0
         for i in range(steps):
             # decode step i writes cache slot P + i and attends over slots [0, P + i]
@@ -566,12 +641,72 @@ class FastEngine:
                 bucket += 1
             length = st.lengths[bucket]
             if use_graph:
-                st.graphs[length].replay()
+                self._graph(cur, params, gen, length).replay()
             else:
-                self._step(st, params, gen, length)
-            if params.eos_token_id is not None and (i + 1) % check_every == 0 and bool(st.done.all()):
-                break
+                self._step(cur, params, gen, length)
+            row_steps += cur.batch
+            if params.eos_token_id is not None and (i + 1) % self.check_every == 0 and i + 1 < steps:
+                live = int((~cur.done).sum())  # the one host sync of the EOS check
+                if live == 0:
+                    break
+                target = self._compact_size(cur.batch, live)
+                if target < cur.batch:
+                    if final is None:
+                        final = (st.response.clone(), st.resp_mask.clone(), st.resp_lp.clone())
+                    cur, rows = self._compact(st, cur, rows, target, final)
+        self.last_stats = {"row_steps": row_steps, "row_steps_uncompacted": B * steps, "final_batch": cur.batch}
+        if final is not None:  # the rows still in the compacted state hold their latest outputs
+            idx = rows
+            final[0][idx], final[1][idx], final[2][idx] = cur.response, cur.resp_mask, cur.resp_lp
+            response, resp_mask, resp_lp = final
+        else:
+            response, resp_mask, resp_lp = st.response.clone(), st.resp_mask.clone(), st.resp_lp.clone()
         if was_training:
             model.train()
-        return RolloutBatch(prompt_ids, prompt_mask, st.response.clone(), st.resp_mask.clone(),
-                            log_probs=st.resp_lp.clone())
+        return RolloutBatch(prompt_ids, prompt_mask, response, resp_mask, log_probs=resp_lp)
+
+    def _compact_size(self, batch: int, live: int) -> int:
+        """The smallest of batch/2, batch/4, ... (not under ``min_rows``) that holds ``live`` rows; else ``batch``."""
+        if not self.compact:
+            return batch
+        size = batch
+        while size % 2 == 0 and size // 2 >= max(live, self.min_rows):
+            size //= 2
+        return size
+
+    def _compact(self, root: _State, cur: _State, rows, target: int, final):
+        """Gather ``cur``'s live rows (then finished ones, to fill ``target``) into the first ``target``
+        rows of ``root``'s buffers; returns that view state and the batch indices of its rows. The
+        outputs of every row of ``cur`` are saved in ``final`` first (the rows dropped are done)."""
+        if rows is None:
+            rows = torch.arange(cur.batch, device=cur.done.device)
+        final[0][rows], final[1][rows], final[2][rows] = cur.response, cur.resp_mask, cur.resp_lp
+        keep = torch.argsort(cur.done.to(torch.int8), stable=True)[:target]  # live rows first, in order
+        nxt = root.view(target)
+        for src, dst in zip(cur.per_row(), nxt.per_row()):
+            dst.copy_(src[keep])  # src[keep] is a copy: no overlap with the rows written
+        return nxt, rows[keep]
+
+    def _graph(self, st: _State, params: SamplingParams, gen, length: int) -> "torch.cuda.CUDAGraph":
+        """``st``'s CUDA graph of one decode step over ``length`` cache slots, captured at first use.
+
+        Warm-up and capture each run a step; the step buffers are restored after both, so capture
+        mid-generation leaves the state as it was (the KV slot written is written again by the replay)."""
+        g = st.graphs.get(length)
+        if g is not None:
+            return g
+        snapshot = [t.clone() for t in st.step_buffers()]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            self._step(st, params, gen, length)  # warm-up (allocator, kernels, compilation)
+        torch.cuda.current_stream().wait_stream(s)
+        for dst, src in zip(st.step_buffers(), snapshot):
+            dst.copy_(src)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self._step(st, params, gen, length)
+        for dst, src in zip(st.step_buffers(), snapshot):
+            dst.copy_(src)
+        st.graphs[length] = g
+        return g

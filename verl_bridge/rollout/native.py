@@ -40,7 +40,7 @@ class NativeEngine:
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, fast: bool | None = None,
-                 compile: bool = False, decode: str = "auto"):
+                 compile: bool = False, decode: str = "auto", memory_fraction: float | None = None):
         self.model = model
         self.device = device
         self.fast = None
@@ -59,7 +59,7 @@ class NativeEngine:
         elif decode == "auto" and device.type != "cuda" and self.fast_reason is None:
             self.fast_reason = "CPU (rollout.decode: auto uses the fast decoder on CUDA; fast forces it here too)"
         if self.fast_reason is None:
-            self.fast = FastEngine(model, device, compile=compile)
+            self.fast = FastEngine(model, device, compile=compile, memory_fraction=memory_fraction)
         self.path = "fast" if self.fast is not None else "module"
         # algorithm.moe_routing_replay: record each MoE layer's expert choices (runtime/routing_replay.py)
         self.record_routing = False

@@ -284,7 +284,7 @@ def start_replicas(bridge, actor: torch.nn.Module, layout, cfg, is_logger: bool,
     n = check_rollout_workers(cfg.data.num_rollout_workers, actor_world_size(layout), layout.tp_size)
     replica = build_generation_replica(bridge.actor_builder(whole_model=True))
     engine = ReplicaEngine(actor, replica, layout.device, refill=refill, compile=cfg.rollout.compile_decode,
-                           decode=cfg.rollout.decode)
+                           decode=cfg.rollout.decode, memory_fraction=cfg.rollout.gpu_memory_utilization)
     if is_logger:
         log_rollout_workers(actor_world_size(layout), layout.tp_size)
         how = ("megatron.core.resharding.swap_model_weights" if engine.refill == "swap_model_weights"

@@ -185,7 +185,8 @@ class MegatronTrainer:
         check_rollout_workers(cfg.data.num_rollout_workers, n_actor, self.layout.tp_size)
         if self.is_logger:
             log_rollout_workers(n_actor, self.layout.tp_size)
-        engine = NativeEngine(roles.actor, self.device, compile=cfg.rollout.compile_decode, decode=cfg.rollout.decode)
+        engine = NativeEngine(roles.actor, self.device, compile=cfg.rollout.compile_decode, decode=cfg.rollout.decode,
+                              memory_fraction=cfg.rollout.gpu_memory_utilization)
         if cfg.algorithm.moe_routing_replay:  # R3: the rollout records megatron's routing (runtime/routing_replay.py)
             from verl_bridge.common.routing_replay import check_model
 
