@@ -114,6 +114,17 @@ def megatron_model(hf_dir: str, dtype: torch.dtype, dev: torch.device):
     return cast_like_float16_module(model, precision).to(dev).eval()
 
 
+def random_workload(vocab_size: int, B: int, P: int, R: int, seed: int):
+    """``B`` random prompts of ``P`` token ids and sampling at temperature 1 with EOS disabled (every
+    row makes ``R`` tokens): the decode benchmarks' workload."""
+    from verl_bridge.rollout.base import SamplingParams
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(3, vocab_size, (B, P), generator=g).tolist()
+    return prompts, SamplingParams(max_new_tokens=R, temperature=1.0, top_p=1.0, top_k=0, eos_token_id=None,
+                                   pad_token_id=0)
+
+
 def nvidia_smi() -> dict:
     """Clocks, power and utilisation as ``nvidia-smi`` reports them now ({} where it is not there)."""
     import subprocess

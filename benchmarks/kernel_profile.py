@@ -103,12 +103,9 @@ def _profiler():
 
 # ---------------------------------------------------------------------------------------------- decode
 def profile_decode(mc, shape, dev, B: int, P: int, R: int, compile: bool, workdir: str) -> dict:
-    from verl_bridge.rollout.base import SamplingParams
     from verl_bridge.rollout.fast_decode import FastEngine
 
-    g = torch.Generator().manual_seed(B)
-    plist = torch.randint(3, shape["vocab_size"], (B, P), generator=g).tolist()
-    sp = SamplingParams(max_new_tokens=R, temperature=1.0, top_p=1.0, top_k=0, eos_token_id=None, pad_token_id=0)
+    plist, sp = C.random_workload(shape["vocab_size"], B, P, R, seed=B)
     eng = FastEngine(mc, dev, compile=compile)
     eng.generate(plist, sp, seed=0)  # capture (and compile)
     wall = C.timed(lambda: eng.generate(plist, sp, seed=1), dev, repeat=2)

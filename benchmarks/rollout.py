@@ -57,12 +57,9 @@ def roofline(shape: dict, B: int, P: int, R: int, dtype: torch.dtype, bytes_per_
 
 def rl_size(mc, hf, shape, dev, dtype, B: int, P: int, R: int, compile: bool) -> dict:
     """Native tokens/s at an RL batch (``B`` rows, ``R`` new tokens) against the bandwidth roofline."""
-    from verl_bridge.rollout.base import SamplingParams
     from verl_bridge.rollout.native import NativeEngine
 
-    g = torch.Generator().manual_seed(B)
-    plist = torch.randint(3, shape["vocab_size"], (B, P), generator=g).tolist()
-    sp = SamplingParams(max_new_tokens=R, temperature=1.0, top_p=1.0, top_k=0, eos_token_id=None, pad_token_id=0)
+    plist, sp = C.random_workload(shape["vocab_size"], B, P, R, seed=B)
     engine = NativeEngine(mc, dev, compile=compile)
     engine.generate(plist, sp, seed=0)  # capture (and compile)
     t = C.timed(lambda: engine.generate(plist, sp, seed=1), dev, repeat=2)

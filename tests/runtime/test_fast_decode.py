@@ -25,6 +25,17 @@ def _tiny_model():
     return tiny_model_provider(ModelArgs(num_query_groups=2), 16, 64)(True, True)
 
 
+def _model_and_prompts(seed: int, n: int):
+    """The tiny GQA model (TP=1, eval) and ``n`` prompts of 3-11 random tokens."""
+    from verl_bridge.distributed import init_model_parallel, seed_everything
+
+    init_model_parallel(1, 1)
+    seed_everything(0)
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, 16, (int(k),), generator=g).tolist() for k in torch.randint(3, 12, (n,), generator=g)]
+    return _tiny_model().eval(), prompts
+
+
 def _check_logits(rank, world_size, archs, tmp):
     from verl_bridge.distributed import init_model_parallel, seed_everything
     from verl_bridge.rollout.fast_decode import FastDecoder, _State
@@ -261,16 +272,10 @@ def test_finished_rows_stop_costing_compute():
     batch of half the size (then a quarter, ...) and decoding goes on there. Greedy decoding makes
     the tokens comparable: they, the response masks and the log-probs must equal the run that kept
     every row, in the batch's order, while fewer row-steps were computed."""
-    from verl_bridge.distributed import init_model_parallel, seed_everything
     from verl_bridge.rollout.base import SamplingParams
     from verl_bridge.rollout.fast_decode import FastEngine
 
-    init_model_parallel(1, 1)
-    seed_everything(0)
-    model = _tiny_model().eval()
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(1, 16, (int(n),), generator=g).tolist()
-               for n in torch.randint(3, 12, (16,), generator=g)]
+    model, prompts = _model_and_prompts(seed=3, n=16)
     R = 24
     free = FastEngine(model, torch.device("cpu"))
     free.compact = False
@@ -311,16 +316,10 @@ def test_batch_larger_than_the_memory_budget_runs_in_equal_passes():
     """The KV cache is planned from a byte budget (rollout.gpu_memory_utilization of the free device
     memory on CUDA; given directly here): a batch that does not fit runs in equal passes, whose
     outputs (greedy, so comparable) equal the single pass, in the batch's order."""
-    from verl_bridge.distributed import init_model_parallel, seed_everything
     from verl_bridge.rollout.base import SamplingParams
     from verl_bridge.rollout.fast_decode import FastEngine
 
-    init_model_parallel(1, 1)
-    seed_everything(0)
-    model = _tiny_model().eval()
-    g = torch.Generator().manual_seed(4)
-    prompts = [torch.randint(1, 16, (int(n),), generator=g).tolist()
-               for n in torch.randint(3, 12, (13,), generator=g)]
+    model, prompts = _model_and_prompts(seed=4, n=13)
     sp = SamplingParams(max_new_tokens=10, temperature=0.0, eos_token_id=None, pad_token_id=0)
     whole = FastEngine(model, torch.device("cpu"))
     ref = whole.generate(prompts, sp, seed=0)
