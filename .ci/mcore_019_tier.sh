@@ -31,6 +31,8 @@ TESTS=(
   tests/resharding    # weight export / verify / trainer hook, megatron.core.resharding.swap_model_weights
   tests/runtime/test_resume.py tests/runtime/test_portable_spec.py  # resume (both formats), GPT at TP=1 and TP=2
   tests/layout        # PP over gloo through megatron's schedules, SP norms, replicas, the stock local spec
+  tests/runtime/test_fast_decode.py tests/runtime/test_fused_log_probs.py  # decoder vs module forward, the draw,
+                      # compaction, memory passes; TP=1 log-probs without fp32 logits
 )
 # run whatever their markers: the CPU proofs issue 29 names
 EXTRA_TESTS=(
