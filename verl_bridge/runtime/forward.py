@@ -105,9 +105,9 @@ def response_token_log_probs(output: torch.Tensor, mb: Experience, temperature: 
     ``token_log_probs`` give, at TP=1 without materialising fp32 logits
     (:func:`~verl_bridge.runtime.logprobs.fused_token_log_probs`); TP>1 goes through megatron's
     vocab-parallel cross-entropy on the sharded logits."""
-    from verl_bridge.runtime.logprobs import _tp_group_and_size, fused_token_log_probs, token_log_probs
+    from verl_bridge.runtime.logprobs import fused_token_log_probs, tensor_parallel_size, token_log_probs
 
-    if _tp_group_and_size()[1] > 1:
+    if tensor_parallel_size() > 1:
         return token_log_probs(response_logits(output, mb, temperature, vocab_size), mb.response_ids)
     return fused_token_log_probs(response_outputs(output, mb), mb.response_ids, temperature, vocab_size)
 

@@ -28,6 +28,11 @@ def _tp_group_and_size():
     return mpu.get_tensor_model_parallel_group(), mpu.get_tensor_model_parallel_world_size()
 
 
+def tensor_parallel_size() -> int:
+    """Megatron's TP world size (1 when model parallelism is not initialised)."""
+    return _tp_group_and_size()[1]
+
+
 def unpadded_vocab_size(model: torch.nn.Module):
     """The model's unpadded vocabulary (``hf_vocab_size``, set by the HF provider and the tiny preset), or None."""
     from verl_bridge.compat import unwrap_model
