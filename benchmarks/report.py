@@ -52,6 +52,8 @@ def rows(device: str = "cuda") -> list[tuple[str, str, str, str, str]]:
         ours = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "error"
         theirs = f"TRL GRPOTrainer {b['tokens_per_s']:,.0f}" if "tokens_per_s" in b else "TRL: error"
         ratio = f"{d['ratio']:.2f}x" if d.get("ratio") else "n/a"
+        if len(r.get("runs", [])) > 1:  # rl_step.py --runs N: each run's ratio, fresh processes
+            ratio += " (runs: " + " / ".join(f"{x['ratio']:.2f}x" if "ratio" in x else "error" for x in r["runs"]) + ")"
         table.append(("rl_step (tokens/s)", ours, theirs, ratio, f">= {GOALS['rl_step']}x"))
     return table
 

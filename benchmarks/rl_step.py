@@ -149,6 +149,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--runs", type=int, default=1,
+                    help="repeat ours and TRL this many times (fresh processes) and report each run's ratio")
     ap.add_argument("--child", choices=["ours", "ours_compiled", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -166,24 +168,31 @@ def main(argv=None) -> int:
     seqs = w["PROMPTS"] * w["GROUP"]
     results, baseline = {}, {}
     side_out = {}
-    # ours with the trainer's defaults, then with rollout.compile_decode (CUDA only), then TRL
-    for side in ("ours", "ours_compiled", "trl") if dev.type == "cuda" else ("ours", "trl"):
-        out = Path(model_dir) / f"{side}.json"
+
+    def run_side(side: str, tag: str = ""):
+        """One side in its own subprocess: (its JSON, wall seconds), or (None, stderr tail) on failure."""
+        out = Path(model_dir) / f"{side}{tag}.json"
         cmd = [sys.executable, __file__, "--child", side, "--model-dir", model_dir, "--out", str(out),
                "--steps", str(args.steps)] + (["--small"] if small else [])
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])},
             capture_output=True, text=True)
-        wall = time.perf_counter() - t0
         if proc.returncode != 0:
-            (baseline if side == "trl" else results)[
-                "error_compile_decode" if side == "ours_compiled" else "error"] = proc.stderr[-1500:]
             print(proc.stderr[-4000:], file=sys.stderr)
+            return None, proc.stderr[-1500:]
+        return json.loads(out.read_text()), time.perf_counter() - t0
+
+    # ours with the trainer's defaults, then with rollout.compile_decode (CUDA only), then TRL
+    for side in ("ours", "ours_compiled", "trl") if dev.type == "cuda" else ("ours", "trl"):
+        res, info = run_side(side)
+        if res is None:
+            (baseline if side == "trl" else results)[
+                "error_compile_decode" if side == "ours_compiled" else "error"] = info
             continue
-        side_out[side] = json.loads(out.read_text())
+        side_out[side] = res
         (baseline if side == "trl" else results)[
-            "compile_decode_process_wall_s" if side == "ours_compiled" else "process_wall_s"] = wall
+            "compile_decode_process_wall_s" if side == "ours_compiled" else "process_wall_s"] = info
 
     def medians(side: str) -> tuple[float, float, float, float, list]:
         """Median step, rollout, train (update + sync + check) and update-only seconds after the warm-up step."""
@@ -220,9 +229,27 @@ def main(argv=None) -> int:
                         mean_completion_length=side_out["trl"]["mean_completion_length"])
     ratio = (round(results["tokens_per_s"] / baseline["tokens_per_s"], 3)
              if "tokens_per_s" in results and "tokens_per_s" in baseline else None)
+    if ratio is not None and args.runs > 1:
+        # the goal asks for the ratio in each of several runs: ours and TRL again, fresh processes each
+        runs = [{"ours_tokens_per_s": results["tokens_per_s"], "trl_tokens_per_s": baseline["tokens_per_s"],
+                 "ratio": ratio}]
+        for k in range(2, args.runs + 1):
+            ours, _ = run_side("ours", f"_run{k}")
+            trl, _ = run_side("trl", f"_run{k}")
+            if ours is None or trl is None:
+                runs.append({"error": "a side failed (stderr above)"})
+                continue
+            side_out["ours"], side_out["trl"] = ours, trl
+            o = seqs * (w["P"] + w["R"]) / medians("ours")[0]
+            tt = statistics.median(trl["step_times"][1:] or trl["step_times"])
+            t_ = seqs * (w["P"] + w["R"]) / tt
+            runs.append({"ours_tokens_per_s": o, "trl_tokens_per_s": t_, "ratio": round(o / t_, 3)})
+        results["runs"] = runs
+        results["ratio_min_over_runs"] = min(r.get("ratio", 0.0) for r in runs)
     cfg = {"model": "qwen2-0.5b-shape (random init)" if not small else "qwen2-tiny", "prompts": w["PROMPTS"],
            "group_size": w["GROUP"], "prompt_len": w["P"], "max_new_tokens": w["R"], "steps": args.steps,
-           "algorithm": "grpo, kl 0, 1 epoch, 1 optimizer step/batch", "ratio_definition": "ours / TRL tokens/s"}
+           "algorithm": "grpo, kl 0, 1 epoch, 1 optimizer step/batch", "runs": args.runs,
+           "ratio_definition": "ours / TRL tokens/s (the first run; results.runs holds each run's with --runs)"}
     C.write_result("rl_step", dev, cfg, results, baseline, ratio)
     return 0 if ratio is not None else 1
 

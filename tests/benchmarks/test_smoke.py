@@ -25,13 +25,13 @@ ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = {"name", "device", "when", "config", "results", "baseline", "ratio"}
 
 
-def _run(name: str, tmp_path: Path, timeout: int = 420) -> dict:
+def _run(name: str, tmp_path: Path, timeout: int = 420, args: tuple = ()) -> dict:
     # a user runs the script from a plain shell: no torch.distributed variables left by earlier tests in
     # this pytest process (accelerate, under TRL, reads WORLD_SIZE/RANK and would rendezvous over env://)
     env = clean_env(BENCH_RESULTS_DIR=str(tmp_path), PYTHONWARNINGS="ignore",
                     PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     env.pop("BENCH_OUT", None)
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--small"], cwd=tmp_path,
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--small", *args], cwd=tmp_path,
                        env=env, capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, f"benchmarks/{name}.py --small exited {p.returncode}:\n{p.stderr[-3000:]}"
     out = json.loads((tmp_path / f"{name}-cpu.json").read_text())
@@ -70,11 +70,17 @@ def test_weight_export_benchmark_runs(tmp_path):
 @pytest.mark.slow
 def test_rl_step_benchmark_runs(tmp_path):
     pytest.importorskip("trl", reason="the comparison side (TRL GRPOTrainer) needs `trl` (in the test extra)")
-    out = _run("rl_step", tmp_path, timeout=600)
+    out = _run("rl_step", tmp_path, timeout=600, args=("--runs", "2"))
     r, b = out["results"], out["baseline"]
     assert "error" not in b, b.get("error")
     assert _finite_positive(r["tokens_per_s"]) and _finite_positive(b["tokens_per_s"])
     assert _finite_positive(out["ratio"])
+    # --runs: each run's ratio from fresh processes of both sides; the first is the headline's
+    assert len(r["runs"]) == 2 and r["runs"][0]["ratio"] == out["ratio"]
+    assert all(_finite_positive(x["ratio"]) for x in r["runs"])
+    assert r["ratio_min_over_runs"] == min(x["ratio"] for x in r["runs"])
+    # the update's own time (time_update_s) is inside the train time, which adds the weight sync and check
+    assert 0 < r["update_s"] <= r["train_s"]
 
 
 @pytest.mark.slow
