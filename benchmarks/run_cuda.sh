@@ -3,7 +3,12 @@
 # Wheels that machine lacks travel in .whl/ (megatron-core cp312, trl, datasets, dill, multiprocess):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform any -d .whl megatron-core==0.19.2 trl datasets dill multiprocess
-# Usage: bash benchmarks/run_cuda.sh [rollout|weight_export|rl_step ...]   (default: all three)
+# Usage: bash benchmarks/run_cuda.sh [rollout|weight_export|rl_step|kernel_profile ...]   (default: the first three)
+# BENCH_ARGS goes to each script, BENCH_TIMEOUT (s) bounds each, BENCH_RESULTS_DIR=$OUT brings the JSONs back.
+# Walls measured on the H200 (2026-12-06): rl_step ~220 s (ours, ours compiled, TRL; each --runs adds
+# ~100 s), rollout --rl-sizes none ~118 s, each RL size with --skip-static ~150 s (HF static at 512 x 1024
+# adds ~2 min), kernel_profile ~350 s (update 2 ways, decode 64 eager + compiled, 512 compiled). One device
+# call is at most 600 s: run rollout alone, rl_step + weight_export in another.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if compgen -G ".whl/*.whl" >/dev/null; then
