@@ -57,3 +57,23 @@ def test_fused_under_no_grad_and_packed_layout():
         got = fused_token_log_probs(x, t, 1.0, None, chunk_bytes=1)
     ref = torch.log_softmax(x, -1).gather(-1, t[..., None])[..., 0]
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("T,vocab", [(1.0, None), (0.7, 45)])
+def test_fused_log_probs_and_entropy_match_reference(T, vocab):
+    """The old-policy pass (no gradient) takes log-probs and entropy from the same row chunks; they
+    equal token_log_probs / token_entropy on the fp32 logits, padding masked."""
+    from verl_bridge.runtime.logprobs import fused_log_probs_and_entropy, token_entropy
+
+    torch.manual_seed(2)
+    B, S, P, V = 4, 9, 3, 50
+    R = S - P + 1
+    out = 3 * torch.randn(B, S, V)
+    targets = torch.randint(0, vocab or V, (B, R))
+    z = response_slice(out, P, R) / T
+    z = mask_padded_vocab(z, vocab, tp_rank=0)
+    ref_lp = torch.log_softmax(z, -1).gather(-1, targets[..., None])[..., 0]
+    ref_ent = token_entropy(z)
+    lp, ent = fused_log_probs_and_entropy(response_slice(out, P, R), targets, T, vocab, chunk_bytes=R * V * 4)
+    torch.testing.assert_close(lp, ref_lp, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-5)

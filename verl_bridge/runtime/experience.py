@@ -20,9 +20,9 @@ from verl_bridge import algorithms as A
 from verl_bridge.algorithms.registry import AlgorithmSpec
 from verl_bridge.algorithms.rollout_correction import rollout_mismatch
 from verl_bridge.common.batch import Experience
-from verl_bridge.runtime.forward import (eval_mode, forward_micro_batches, response_logits,
+from verl_bridge.runtime.forward import (eval_mode, forward_micro_batches, response_log_probs_and_entropy,
                                          response_token_log_probs, response_values)
-from verl_bridge.runtime.logprobs import token_entropy, token_log_probs, unpadded_vocab_size
+from verl_bridge.runtime.logprobs import unpadded_vocab_size
 from verl_bridge.common.state import TrainerState
 from verl_bridge.runtime.update import max_tokens_per_micro_batch
 
@@ -36,10 +36,9 @@ def compute_log_probs(model, exp: Experience, *, pp_size: int, temperature: floa
     vocab = unpadded_vocab_size(model)
 
     def loss_fn(mb, output):
-        if with_entropy:  # the entropy needs the whole distribution: fp32 logits
-            logits = response_logits(output, mb, temperature, vocab)
-            out = {"log_probs": token_log_probs(logits, mb.response_ids).detach(),
-                   "entropy": token_entropy(logits).detach()}
+        if with_entropy:
+            lp, ent = response_log_probs_and_entropy(output, mb, temperature, vocab)
+            out = {"log_probs": lp, "entropy": ent}
         else:
             out = {"log_probs": response_token_log_probs(output, mb, temperature, vocab).detach()}
         return torch.zeros(()), out

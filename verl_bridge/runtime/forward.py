@@ -112,6 +112,19 @@ def response_token_log_probs(output: torch.Tensor, mb: Experience, temperature: 
     return fused_token_log_probs(response_outputs(output, mb), mb.response_ids, temperature, vocab_size)
 
 
+def response_log_probs_and_entropy(output: torch.Tensor, mb: Experience, temperature: float,
+                                   vocab_size=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Without gradient: log p of ``mb``'s response tokens and the entropy at each, ``[B, R]`` fp32;
+    at TP=1 in row chunks of the model's logits, at TP>1 on the vocab-parallel fp32 logits."""
+    from verl_bridge.runtime.logprobs import (fused_log_probs_and_entropy, tensor_parallel_size, token_entropy,
+                                              token_log_probs)
+
+    if tensor_parallel_size() > 1:
+        logits = response_logits(output, mb, temperature, vocab_size)
+        return token_log_probs(logits, mb.response_ids), token_entropy(logits)
+    return fused_log_probs_and_entropy(response_outputs(output, mb), mb.response_ids, temperature, vocab_size)
+
+
 class eval_mode:
     """``model.eval()`` inside the block (dropout off), the caller's mode restored after it."""
 

@@ -99,6 +99,18 @@ def _chunk_backward(x, t, lse, g, inv_t: float, vocab: int):
     return (-(p * gs)).scatter_add(-1, t.unsqueeze(-1), gs).to(x.dtype)
 
 
+def _chunk_entropy(x, t, inv_t: float, vocab: int):
+    """log p(target) and the entropy ``lse - sum_v p_v z_v`` of one chunk (no gradient: old log-probs)."""
+    z = x.float()
+    if inv_t != 1.0:
+        z = z * inv_t
+    z = z[..., :vocab]
+    lse = torch.logsumexp(z, dim=-1)
+    p = torch.exp(z - lse.unsqueeze(-1))
+    return z.gather(-1, t.unsqueeze(-1)).squeeze(-1) - lse, lse - (p * z).sum(dim=-1)
+
+
+_EAGER = (_chunk_forward, _chunk_backward, _chunk_entropy)
 _COMPILED: dict = {}
 
 
@@ -106,15 +118,15 @@ def _kernels(device: torch.device):
     """The chunk functions, compiled by inductor on CUDA (one fused pass over a chunk's logits each way,
     where eager takes ~6); eager elsewhere, or where compilation fails (said once)."""
     if device.type != "cuda":
-        return _chunk_forward, _chunk_backward
+        return _EAGER
     if "fns" not in _COMPILED:
-        _COMPILED["fns"] = (torch.compile(_chunk_forward, dynamic=True), torch.compile(_chunk_backward, dynamic=True))
+        _COMPILED["fns"] = tuple(torch.compile(f, dynamic=True) for f in _EAGER)
     return _COMPILED["fns"]
 
 
 def _call(i: int, *args):
     fns = _kernels(args[0].device)
-    if fns[i] is not (_chunk_forward, _chunk_backward)[i]:
+    if fns[i] is not _EAGER[i]:
         try:
             return fns[i](*args)
         except Exception as e:  # noqa: BLE001 - no working inductor here: the eager functions compute the same
@@ -122,8 +134,8 @@ def _call(i: int, *args):
 
             logging.getLogger(__name__).warning("compiled log-probs failed, computing eagerly: %s",
                                                 f"{type(e).__name__}: {e}"[:300])
-            _COMPILED["fns"] = (_chunk_forward, _chunk_backward)
-    return (_chunk_forward, _chunk_backward)[i](*args)
+            _COMPILED["fns"] = _EAGER
+    return _EAGER[i](*args)
 
 
 class _FusedTokenLogProbs(torch.autograd.Function):
@@ -166,6 +178,23 @@ def fused_token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperatu
     per_row = max(1, logits[:1].numel() * 4)
     rows = max(1, chunk_bytes // per_row)
     return _FusedTokenLogProbs.apply(logits, targets, inv_t, vocab, rows)
+
+
+@torch.no_grad()
+def fused_log_probs_and_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                                vocab_size=None, chunk_bytes: int = 1 << 30) -> tuple[torch.Tensor, torch.Tensor]:
+    """Without gradient (the old-policy pass): :func:`fused_token_log_probs` plus the entropy of
+    ``softmax(logits / T)`` over the first ``vocab_size`` columns, both fp32 ``[...]``, computed in the
+    same row chunks (what :func:`token_log_probs` and :func:`token_entropy` give on fp32 logits)."""
+    V = logits.shape[-1]
+    vocab = V if vocab_size is None else min(int(vocab_size), V)
+    inv_t = 1.0 / temperature if temperature and temperature != 1.0 else 1.0
+    rows = max(1, chunk_bytes // max(1, logits[:1].numel() * 4))
+    lp = torch.empty(logits.shape[:-1], dtype=torch.float32, device=logits.device)
+    ent = torch.empty_like(lp)
+    for i in range(0, logits.shape[0], rows):
+        lp[i:i + rows], ent[i:i + rows] = _call(2, logits[i:i + rows], targets[i:i + rows], inv_t, vocab)
+    return lp, ent
 
 
 class _VocabParallelEntropy(torch.autograd.Function):
