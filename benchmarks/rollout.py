@@ -12,7 +12,9 @@ tokens/s / the faster HF mode. Then ``rl_sizes``: the same engine at RL batch si
 rows, 1024 new tokens; ``--rl-sizes``) with HF static beside it and the fraction of the bandwidth
 roofline (:func:`roofline`: weights read once per step plus the KV slots each row attends, against
 the H200's 4.8 TB/s data-sheet HBM bandwidth and against twice the measured copy rate). A correctness check compares the fast decoder's prefill logits with
-the megatron module forward on the same batch. ``--small`` (default on CPU) shrinks everything.
+the megatron module forward on the same batch. ``--early-eos B:R:MEAN`` adds rows that end at many
+lengths (:func:`early_eos`): compaction of finished rows on and off, and the compiled decoder.
+``--small`` (default on CPU) shrinks everything.
 
     python benchmarks/rollout.py            # writes benchmarks/results/rollout-<device>.json
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -92,6 +95,97 @@ def rl_size(mc, hf, shape, dev, dtype, B: int, P: int, R: int, compile: bool) ->
     return out
 
 
+def eos_scale(mc, dev, vocab: int, eos: int, proxy: int, mean_len: float, P: int) -> dict:
+    """The factor ``a`` for which an EOS logit of ``a * z[proxy]`` ends rows after ~``mean_len`` tokens.
+
+    Random weights never sample a given token (1 in ~152k per step), so the early-EOS section gives
+    the EOS row of the LM head ``a`` times the ``proxy`` token's row: the EOS logit becomes
+    ``a * z_proxy`` and a step's P(EOS) = sigmoid(a * z_proxy - logsumexp(z without EOS)). ``a`` is
+    bisected so that this, averaged over the prefill logits of 8 random prompts (standing in for the
+    decode steps' states), is 1 / ``mean_len``: a geometric length law with that mean, as a
+    rough picture of an RL batch whose rows end at many lengths. The lengths the run really got
+    are reported beside it.
+    """
+    from verl_bridge.common.batch import model_inputs
+
+    g = torch.Generator().manual_seed(123)
+    ids = torch.randint(3, vocab, (8, P), generator=g).to(dev)
+    with torch.no_grad():
+        _, pos, m = model_inputs(ids, torch.ones_like(ids))
+        z = mc(ids, pos, m).float()[..., :vocab].reshape(-1, vocab)
+    zk = z[:, proxy].clone()
+    z[:, eos] = float("-inf")
+    lse = torch.logsumexp(z, dim=-1)
+    del z
+    target = 1.0 / mean_len
+
+    def p(a: float) -> float:
+        return float(torch.sigmoid(a * zk - lse).mean())
+
+    lo, hi = 1.0, 2.0
+    while p(hi) < target and hi < 1e6:
+        lo, hi = hi, hi * 2
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if p(mid) < target else (lo, mid)
+    return {"scale": hi, "per_step_eos_probability_estimate": p(hi)}
+
+
+def early_eos(mc, shape, dev, B: int, R: int, mean_len: float, P: int = 128, repeat: int = 2) -> dict:
+    """Rows that end at many lengths: the fast decoder with compaction of finished rows (the default
+    without compile) against the same decoder without it and against the compiled decoder (which
+    does not compact), in one run on the same prompts. Tokens/s counts the tokens the rows really
+    made (the response mask), over ``repeat`` timed calls per engine, after one warm-up call."""
+    from verl_bridge.rollout.base import SamplingParams
+    from verl_bridge.rollout.fast_decode import FastDecoder, FastEngine
+
+    eos, proxy = 1, 2  # random prompts draw from 3.. (random_workload): neither appears in a prompt
+    cal = eos_scale(mc, dev, shape["vocab_size"], eos, proxy, mean_len, P)
+    w = FastDecoder(mc)._output_weight()
+    saved = w[eos].clone()
+    plist, _ = C.random_workload(shape["vocab_size"], B, P, R, seed=B + 7)
+    sp = SamplingParams(max_new_tokens=R, temperature=1.0, top_p=1.0, top_k=0, eos_token_id=eos, pad_token_id=0)
+    out = {"batch": B, "prompt_len": P, "new_tokens": R, "target_mean_len": mean_len,
+           "eos_calibration": cal, "engines": {}}
+    variants = [("compacting", dict(compile=False)), ("not_compacting", dict(compile=False))]
+    if dev.type == "cuda":
+        variants.append(("compiled", dict(compile=True)))
+    try:
+        with torch.no_grad():
+            w[eos] = (cal["scale"] * w[proxy].float()).to(w.dtype)
+        for label, kw in variants:
+            engine = FastEngine(mc, dev, **kw)
+            if label == "not_compacting":
+                engine.compact = False
+            engine.generate(plist, sp, seed=0)  # capture (and compile)
+            tokens, secs, stats = 0, 0.0, {}
+            for k in range(repeat):
+                C.sync(dev)
+                t0 = time.perf_counter()
+                res = engine.generate(plist, sp, seed=1 + k)
+                C.sync(dev)
+                secs += time.perf_counter() - t0
+                tokens += int(res.response_mask.sum())
+                stats = dict(engine.last_stats)
+            lengths = res.response_mask.sum(dim=1).float()
+            out["engines"][label] = {
+                "tokens_per_s": tokens / secs, "tokens": tokens, "seconds": secs,
+                "mean_response_len": float(lengths.mean()), "rows_at_max_len": int((lengths >= R).sum()),
+                "row_steps": stats.get("row_steps"), "row_steps_uncompacted": stats.get("row_steps_uncompacted"),
+                "final_batch": stats.get("final_batch")}
+            del engine
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    finally:
+        with torch.no_grad():
+            w[eos] = saved
+    e = out["engines"]
+    out["compaction_speedup"] = e["compacting"]["tokens_per_s"] / e["not_compacting"]["tokens_per_s"]
+    if "compiled" in e:
+        out["compacting_vs_compiled"] = e["compacting"]["tokens_per_s"] / e["compiled"]["tokens_per_s"]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="tiny shapes (default when there is no GPU)")
@@ -100,7 +194,21 @@ def main(argv=None) -> int:
     ap.add_argument("--rl-sizes", default=None,
                     help="comma-separated batch sizes measured at RL sizes (1024 new tokens on CUDA; "
                          "default on CUDA: 256,512; on CPU: 8 with 32 new tokens; none: skip)")
+    ap.add_argument("--early-eos", default=None, metavar="B:R:MEAN",
+                    help="also measure rows that end early: B rows, R new tokens at most, lengths ~geometric "
+                         "with mean MEAN (EOS raised in a random model, see eos_scale); compaction of "
+                         "finished rows on / off and the compiled decoder, in one run. E.g. 256:1024:256 "
+                         "on CUDA, 8:32:8 on CPU; default: not run")
     args = ap.parse_args(argv)
+    early = None
+    if args.early_eos:
+        try:
+            eb, er, em = args.early_eos.split(":")
+            early = (int(eb), int(er), float(em))
+        except ValueError:
+            ap.error(f"--early-eos takes B:R:MEAN (e.g. 256:1024:256), got {args.early_eos!r}")
+        if early[0] < 1 or early[1] < 2 or not 1 <= early[2]:
+            ap.error(f"--early-eos B:R:MEAN needs B >= 1, R >= 2 and MEAN >= 1, got {args.early_eos!r}")
     dev = C.device()
     small = args.small or dev.type == "cpu"
     shape = C.QWEN2_TINY if small else C.QWEN2_05B
@@ -190,6 +298,8 @@ def main(argv=None) -> int:
     results["rl_sizes"] = [rl_size(mc, None if args.skip_static else hf, shape, dev, dtype, b, P,
                                    32 if small else 1024, compile=not small)
                            for b in sizes]
+    if early is not None:
+        results["early_eos"] = early_eos(mc, shape, dev, *early, P=P)
     cfg = {"model": "qwen2-0.5b-shape (random init)" if not small else "qwen2-tiny", "batch": B,
            "prompt_len": P, "new_tokens": R, "dtype": str(dtype).replace("torch.", ""),
            "sampling": "temperature 1.0, no top-k/top-p",

@@ -9,6 +9,8 @@
 # ~100 s), rollout --rl-sizes none ~118 s, each RL size with --skip-static ~150 s (HF static at 512 x 1024
 # adds ~2 min), kernel_profile ~350 s (update 2 ways, decode 64 eager + compiled, 512 compiled). One device
 # call is at most 600 s: run rollout alone, rl_step + weight_export in another.
+# Rows that end early (compaction of finished rows; not yet run on a GPU, estimated ~2-3 min):
+#   BENCH_ARGS="--rl-sizes none --skip-static --early-eos 256:1024:256" bash benchmarks/run_cuda.sh rollout
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if compgen -G ".whl/*.whl" >/dev/null; then

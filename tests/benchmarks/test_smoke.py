@@ -46,7 +46,7 @@ def _finite_positive(x) -> bool:
 
 @pytest.mark.slow
 def test_rollout_benchmark_runs(tmp_path):
-    out = _run("rollout", tmp_path)
+    out = _run("rollout", tmp_path, args=("--early-eos", "32:48:8"))
     r, b = out["results"], out["baseline"]
     # the model is built as the trainer builds it, so the megatron forward equals the HF one it came from
     assert r["check_megatron_vs_hf_max_abs_logit_diff"] < 1e-4
@@ -55,6 +55,14 @@ def test_rollout_benchmark_runs(tmp_path):
     assert _finite_positive(out["ratio"])
     rl = r["rl_sizes"]  # the RL-batch section ran too (1024 new tokens and the roofline on CUDA)
     assert rl and all(_finite_positive(x["native_tokens_per_s"]) for x in rl)
+    # --early-eos: rows end at many lengths (EOS raised to a per-step probability of ~1/8); compaction
+    # computes fewer row-steps than the same decoder without it, which computes every row until all end
+    e = r["early_eos"]
+    on, off = e["engines"]["compacting"], e["engines"]["not_compacting"]
+    assert 3 < on["mean_response_len"] < 20 and 3 < off["mean_response_len"] < 20, e
+    assert on["row_steps"] < on["row_steps_uncompacted"] and on["final_batch"] < 32, on
+    assert off["row_steps"] == off["row_steps_uncompacted"] and off["final_batch"] == 32, off
+    assert _finite_positive(e["compaction_speedup"])
 
 
 @pytest.mark.slow
