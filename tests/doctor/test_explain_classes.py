@@ -260,7 +260,10 @@ def test_history_data_is_from_the_wheels_and_ships_with_the_package():
 
 def test_te_without_pytorch_and_te_through_megatron_core():
     te = _best(TEXTS["transformer-engine-no-pytorch"])
-    assert te.fix == 'pip install --no-build-isolation "transformer-engine[pytorch]"'
+    # the text cannot tell a TE without its PyTorch extension from an extension that failed to load (its error is
+    # swallowed, https://github.com/NVIDIA/Megatron-LM/issues/696): not sure, the import shows which
+    assert not te.confident and te.fix.splitlines()[0].startswith('python -c "import transformer_engine.pytorch"')
+    assert 'pip install --no-build-isolation "transformer-engine[pytorch]"' in te.fix
     via = _best(TEXTS["megatron-core-te-import"])
     assert "No module named 'transformer_engine'" in via.cause and "get_gpt_layer_local_spec" in via.fix
     mismatch = TEXTS["megatron-core-te-import"].replace(

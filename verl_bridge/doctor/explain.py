@@ -53,6 +53,10 @@ def _match_one(sig: Signature, text: str) -> Match | None:
     for pattern in sig.none_of:
         if re.search(pattern, text, _FLAGS):
             return None
+    for k, v in list(groups.items()):  # alternatives name their groups x, x2, x3: the template uses x
+        base = k.rstrip("0123456789")
+        if base != k and base not in groups:
+            groups[base] = v
     values = _Blank(groups)
     m = Match(sig.id, sig.cause.format_map(values), sig.fix.format_map(values), sig.source, sig.weight, last,
               sig.confident)
@@ -268,9 +272,59 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
                     fix = f"use {entry.new} (" + entry.when() + ")\n" + _history_text(found, facts)[1]
                     fix = fix.replace("\npip install", "\nor pip install")
                 match.fix = fix
+    elif match.id == "torch-libstdcxx":
+        path = g.get("path")
+        if not path:
+            match.cause = match.cause.replace(" (?)", "")
+            match.cause = ("a libstdc++ older than the one the binary was built with was loaded (it lacks "
+                           f"{g.get('ver', '?')}); this text does not name which copy (the system's or a conda "
+                           "environment's)")
+            lib = g.get("lib")
+            match.fix = ((f"ldd {lib} | grep libstdc  # which libstdc++ the loader picks\n" if lib else
+                          "the full error line names the libstdc++ path that was loaded ('/.../libstdc++.so.6: version ...')\n")
+                         + f"# then see which copies have it: strings <that path> | grep {g.get('ver', 'GLIBCXX')}")
+            match.confident = False
+    elif match.id == "torch-libstdcxx-conda":
+        path = g.get("path", "")
+        prefix = os.path.dirname(os.path.dirname(os.path.normpath(path))) if path else "$CONDA_PREFIX"
+        gcc = _GCC_FOR_GLIBCXX.get(g.get("ver", ""))
+        want = f">={gcc}" if gcc else ""
+        note = f"  # GCC {gcc}'s libstdc++ is the first with {g.get('ver')}" if gcc else ""
+        match.fix = (f"conda install -p {prefix} -c conda-forge 'libstdcxx-ng{want}'{note}\n"
+                     f"# check: strings {path or '$CONDA_PREFIX/lib/libstdc++.so.6'} | grep {g.get('ver', 'GLIBCXX')}")
+    elif match.id == "vllm-free-memory":
+        try:
+            share = int(float(g["free"]) / float(g["total"]) * 100) / 100  # rounded down
+            match.fix = match.fix.replace("{share}", f"{share:.2f}")
+        except (KeyError, ValueError, ZeroDivisionError):
+            match.fix = match.fix.replace("{share}", "the free share of the card (free / total GiB)")
+    elif match.id == "vllm-kv-cache-blocks":
+        util = re.findall(r"gpu[-_]memory[-_]utilization(?:=|\s+|\s*:\s*)([01]?\.\d+)", text)
+        if util and float(util[-1]) >= 0.85:
+            match.cause += (f"; gpu_memory_utilization is already {util[-1]}, so the model's weights and activations "
+                            "take (nearly) all of the GPU")
+            match.fix = ("the model does not fit this GPU with room for a KV cache: shard it (tensor_parallel_size > 1), "
+                         "use a smaller or quantized model, or free the GPU of other processes (nvidia-smi)\n"
+                         "# a shorter max_model_len / max_num_seqs lowers the profiling run's activation memory")
+        elif util:
+            match.cause += f"; gpu_memory_utilization is {util[-1]} here"
+            match.fix = (f"raise gpu_memory_utilization above {util[-1]} (e.g. 0.9; vLLM: --gpu-memory-utilization, "
+                         "verl-bridge: rollout.gpu_memory_utilization)\n"
+                         "# if it still fails at ~0.9 the model does not fit: tensor_parallel_size > 1 or a smaller/quantized model")
+        else:
+            match.fix += ("\n# if it still fails at ~0.9 the model does not fit: tensor_parallel_size > 1, a smaller or "
+                          "quantized model, or free the GPU of other processes (nvidia-smi)")
     elif match.id == "megatron-training-missing":
         mod = g.get("mod", "megatron.training")
         top = ".".join(mod.split(".")[:2])
+        part = mod.split(".")[1] if "." in mod else ""
+        if part in _LEGACY_MOVED:
+            match.cause += (f"; `{top}` is also the pre-2024 layout: current Megatron-LM has it as {_LEGACY_MOVED[part]}, "
+                            "so the code needs the Megatron-LM release it was written for")
+            match.fix = ("git clone -b core_r0.5.0 https://github.com/NVIDIA/Megatron-LM && export "
+                         "PYTHONPATH=$PWD/Megatron-LM:$PYTHONPATH  # core_r0.5.0 still has the old layout; better: the "
+                         "Megatron-LM release the project pins (README, requirements or git submodule)")
+            return
         rels = history.module_releases(top)
         have = facts.mcore_version
         if rels and have and history.known_release(have) not in rels:
@@ -430,6 +484,37 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
                          "the same place; check with: verl-bridge doctor")
 
 
+# libstdc++'s GLIBCXX symbol versions and the GCC release that first ships each (GCC's libstdc++ ABI manual)
+_GCC_FOR_GLIBCXX = {"GLIBCXX_3.4.26": "9", "GLIBCXX_3.4.27": "10", "GLIBCXX_3.4.28": "10", "GLIBCXX_3.4.29": "11",
+                    "GLIBCXX_3.4.30": "12", "GLIBCXX_3.4.31": "13", "GLIBCXX_3.4.32": "13", "GLIBCXX_3.4.33": "14"}
+
+# Megatron-LM modules of the pre-2024 layout and where current Megatron-LM keeps them
+_LEGACY_MOVED = {"model": "megatron.legacy.model", "optimizer": "megatron.core.optimizer",
+                 "arguments": "megatron.training.arguments", "initialize": "megatron.training.initialize",
+                 "global_vars": "megatron.training.global_vars", "checkpointing": "megatron.training.checkpointing",
+                 "tokenizer": "megatron.training.tokenizer"}
+
+_OURS = ("megatron", "transformer_engine", "apex", "vllm", "flash_attn", "verl_bridge")
+
+
+def _import_name_not_sure(name: str, mod: str, where: str = "") -> Match:
+    """`cannot import name X from Y` that no signature knows: a version mismatch between Y and the code importing
+    it, but the text does not say which side is out of date; `pip check` lists the broken requirements."""
+    top = mod.split(".")[0]
+    here = ""
+    if where == "unknown location":
+        here = (f"; `{mod}` has no __init__.py where it was found (unknown location): a folder named {top} (a source "
+                "checkout) or a half-removed install is imported instead of the package")
+    theirs = "" if top in _OURS else f" (`{top}` is not one of the packages verl-bridge checks)"
+    return Match("import-name-not-sure",
+                 f"`{mod}` has no `{name}`: the installed `{top}` is another version than the code importing it expects"
+                 f"{here}{theirs}; this text does not say which side is out of date",
+                 "pip check  # lists installed packages whose requirements are not met (e.g. 'x requires y<5')\n"
+                 f"pip show {top}  # the installed version; python -c \"import {top}; print({top}.__file__)\" "
+                 "shows which copy is imported\n# then install the version the importing package requires",
+                 confident=False)
+
+
 def _local_shadow(pkg: str, cwd: str | None) -> str | None:
     if not pkg or not cwd:
         return None
@@ -551,7 +636,8 @@ def explain(text: str, torch_cxx11_abi: bool | None = None, install=None, facts:
         return lazy[0]
 
     missing = re.findall(r"No module named '(megatron\.[\w.]+)'", text)
-    if missing and not any(m.id in ("megatron-training-missing", "megatron-bridge-missing") for m in matches):
+    if missing and not any(m.id in ("megatron-training-missing", "megatron-bridge-missing", "megatron-legacy-layout",
+                                    "megatron-tools-pythonpath", "megatron-deepspeed") for m in matches):
         hm = _megatron_module_history(missing[-1], get_facts())
         if hm is not None:
             hm.position = text.rfind(missing[-1])
@@ -576,6 +662,11 @@ def explain(text: str, torch_cxx11_abi: bool | None = None, install=None, facts:
             d = syms[-1]
             lib = symbols.failing_library(text)
             matches.append(_undefined_symbol_match(lib, d, get_facts()))
+        if not matches:
+            names = re.findall(r"cannot import name '(\w+)' from (?:partially initialized module )?'([\w.]+)'(?: \(([^)]*)\))?",
+                               text)
+            if names:
+                matches.append(_import_name_not_sure(*names[-1]))
         if not matches:
             missing_any = re.findall(r"No module named '([\w.]+)'", text)
             if missing_any:

@@ -71,15 +71,6 @@ SIGNATURES: tuple[Signature, ...] = (
         weight=30,
         source="https://github.com/verl-project/verl/issues/82",
     ),
-    # source: https://github.com/huggingface/accelerate/issues/970
-    Signature(
-        "megatron-training-layout",
-        (r"cannot import name '(?P<name>\w+)' from 'megatron\.(?P<mod>arguments|initialize|global_vars|checkpointing|utils)'",),
-        "Megatron-LM moved `megatron.{mod}` to `megatron.training.{mod}`; the code was written for an older layout",
-        "use `from megatron.training.{mod} import {name}` or pin the Megatron-LM release the code expects",
-        weight=30,
-        source="https://github.com/huggingface/accelerate/issues/970",
-    ),
     # source: https://github.com/verl-project/verl/issues/6931
     Signature(
         "megatron-bridge-missing",
@@ -171,7 +162,8 @@ SIGNATURES: tuple[Signature, ...] = (
     # source: https://github.com/NVIDIA/TransformerEngine/issues/1541
     Signature(
         "transformer-engine-partial",
-        (r"transformer_engine[/\\]\w+[/\\]__init__\.py.*_load_library|Could not find shared object file for Transformer Engine|No module named 'transformer_engine_torch'|transformer_engine.*StopIteration",),
+        (r"transformer_engine[/\\]\w+[/\\]__init__\.py.*_load_library|Could not find shared object file for Transformer Engine|No module named 'transformer_engine_torch'|transformer_engine.*StopIteration|"
+         r"cannot import name '\w+' from 'transformer_engine[\w.]*' \(unknown location\)",),
         "a partial Transformer Engine install: the core wheel (transformer-engine-cu12) is present but the "
         "PyTorch extension (transformer-engine-torch) is missing or from another version",
         TE_FIX,
@@ -373,12 +365,26 @@ SIGNATURES: tuple[Signature, ...] = (
     # source: https://github.com/pytorch/pytorch/issues/87279
     Signature(
         "torch-libstdcxx",
-        (r"version [`'](?P<ver>GLIBCXX_[\d.]+|CXXABI_[\d.]+)' not found",),
-        "the system libstdc++ is older than the one the binary needs ({ver}); a conda or newer libstdc++ "
-        "is shadowed by /usr/lib",
-        "conda install -c conda-forge 'libstdcxx-ng>=12'  # or: export LD_LIBRARY_PATH=$CONDA_PREFIX/lib:$LD_LIBRARY_PATH",
+        (r"(?:(?P<path>[^\s:'`]*libstdc\+\+\.so[\d.]*): )?version [`'](?P<ver>GLIBCXX_[\d.]+|CXXABI_[\d.]+)' not found"
+         r"(?: \(required by (?P<lib>[^)\s]+)\))?",),
+        "the system libstdc++ ({path}) is older than the one the binary was built with (it lacks {ver}); a newer "
+        "libstdc++ (a conda environment's) is not the one the loader finds first",
+        "in a conda environment: conda install -c conda-forge 'libstdcxx-ng>=12' && export "
+        "LD_LIBRARY_PATH=$CONDA_PREFIX/lib:$LD_LIBRARY_PATH  # the loader then finds the environment's newer libstdc++\n"
+        "# without conda: upgrade the OS's libstdc++6, or use a build of the package made for this OS",
         weight=35,
         source="https://github.com/pytorch/pytorch/issues/87279",
+    ),
+    # source: https://github.com/cvg/pixel-perfect-sfm/issues/11
+    Signature(
+        "torch-libstdcxx-conda",
+        (r"(?P<path>[^\s:'`]*(?:conda|mamba|miniforge|[/\\]envs[/\\])[^\s:'`]*libstdc\+\+\.so[\d.]*): version "
+         r"[`'](?P<ver>GLIBCXX_[\d.]+|CXXABI_[\d.]+)' not found(?: \(required by (?P<lib>[^)\s]+)\))?",),
+        "the libstdc++ that was loaded is the conda environment's own ({path}), and it is older than the one the binary "
+        "was built with (it lacks {ver}); the system's libstdc++ is usually newer",
+        "conda install -p {prefix} -c conda-forge 'libstdcxx-ng>=12'  # placeholder, filled from the version",
+        weight=37,
+        source="https://github.com/cvg/pixel-perfect-sfm/issues/11",
     ),
     # source: https://github.com/pytorch/pytorch/issues/28111
     Signature(
@@ -464,7 +470,7 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "cudnn-missing",
         (r"Could not load library (?P<lib>libcudnn\w*\.so[\d.]*)|(?P<lib2>libcudnn\w*\.so[\d.]*): cannot open shared object file",),
-        "cuDNN ({lib}{lib2}) is not installed or not on the loader path; torch wheels bring it as "
+        "cuDNN ({lib}) is not installed or not on the loader path; torch wheels bring it as "
         "nvidia-cudnn-cu12, a system install needs LD_LIBRARY_PATH",
         "pip install --force-reinstall torch  # brings nvidia-cudnn-cu12 into the environment\n"
         "# or, for a system cuDNN: export LD_LIBRARY_PATH=$(dirname $(ldconfig -p | grep -m1 -o '/[^ ]*libcudnn[.]so[^ ]*')):$LD_LIBRARY_PATH",
@@ -474,7 +480,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # source: https://github.com/pytorch/pytorch/issues/574
     Signature(
         "shadowed-by-local-folder",
-        (r"File \"(?P<path>(?!/)[^\"]*?(?P<pkg>torch|megatron|vllm|transformer_engine|flash_attn|apex)[/\\]__init__\.py)\"",
+        (r"File \"(?P<path>(?!/|[A-Za-z]:[\\/]|<)[^\"]*?(?P<pkg>torch|megatron|vllm|transformer_engine|flash_attn|apex)[/\\]__init__\.py)\"",
          r"(?:ImportError|ModuleNotFoundError|AttributeError|NameError)"),
         "the traceback shows `{pkg}` imported from the relative path {path}: a `{pkg}` folder in the current "
         "directory (a source checkout) shadows the installed package",
@@ -677,10 +683,14 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "transformer-engine-no-pytorch",
         (r"module 'transformer_engine' has no attribute 'pytorch'",),
+        "`transformer_engine.pytorch` could not be imported and the importing code swallowed its error: either "
         "Transformer Engine is installed without its PyTorch extension (`pip install transformer-engine` installs "
-        "only the core library; the PyTorch part is the `pytorch` extra)",
-        'pip install --no-build-isolation "transformer-engine[pytorch]"',
+        "only the core library; the PyTorch part is the `pytorch` extra) or the extension failed to load (e.g. a "
+        "flash-attn or torch it does not match)",
+        'python -c "import transformer_engine.pytorch"  # shows the real error\n'
+        'pip install --no-build-isolation "transformer-engine[pytorch]"  # when it says the extension is missing',
         weight=47,
+        confident=False,
         source="https://github.com/NVIDIA/TransformerEngine/issues/1379",
     ),
     # source: https://github.com/NVIDIA/Megatron-LM/issues/696
@@ -703,6 +713,190 @@ SIGNATURES: tuple[Signature, ...] = (
         "pip install \"verl-bridge[vllm]\"",
         weight=30,
         source="https://github.com/vllm-project/vllm/issues/17249",
+    ),
+    # --- vLLM memory budget -------------------------------------------------------------------------------
+    # source: https://github.com/vllm-project/vllm/issues/10439
+    Signature(
+        "vllm-kv-cache-blocks",
+        (r"No available memory for the cache blocks",),
+        "vLLM found no memory left for its KV cache: after the weights and the profiling run, nothing of its budget "
+        "(gpu_memory_utilization x the GPU's total memory, minus what other processes hold) remained",
+        "raise gpu_memory_utilization (vLLM: --gpu-memory-utilization 0.9 / LLM(gpu_memory_utilization=0.9); "
+        "verl-bridge: rollout.gpu_memory_utilization)",
+        weight=45,
+        source="https://github.com/vllm-project/vllm/issues/10439",
+    ),
+    # source: https://github.com/vllm-project/vllm/issues/2418
+    Signature(
+        "vllm-max-model-len",
+        (r"max seq len \((?P<want>\d+)\) is larger than the maximum number of tokens that can be stored in KV cache "
+         r"\((?P<have>\d+)\)|max seq len \((?P<want2>\d+)\),? \(?[\d.]+ GiB KV cache is needed, which is larger than the "
+         r"available KV cache memory[^\n]*?estimated maximum model length is (?P<have2>\d+)",),
+        "one sequence of the model's full context ({want} tokens) does not fit the KV cache vLLM could allocate "
+        "({have} tokens)",
+        "set max_model_len to at most {have} (vLLM: --max-model-len {have} / LLM(max_model_len={have}))\n"
+        "# or give the KV cache more room: a higher gpu_memory_utilization (verl-bridge: rollout.gpu_memory_utilization), "
+        "tensor_parallel_size > 1, or a quantized model",
+        weight=46,
+        source="https://github.com/vllm-project/vllm/issues/2418",
+    ),
+    # source: https://github.com/pytorch/pytorch/issues/175666
+    Signature(
+        "vllm-free-memory",
+        (r"Free memory on device[^\n]*\((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) on startup is less than desired GPU "
+         r"memory utilization \((?P<util>[\d.]+), (?P<want>[\d.]+) GiB\)",),
+        "vLLM was asked for {util} of the GPU ({want} GiB) but only {free} of {total} GiB were free when it started: "
+        "other processes (or, in an RL job, the trainer in the same process) already hold the rest",
+        "lower gpu_memory_utilization to at most {{share}} (the free share of the card; vLLM: --gpu-memory-utilization, "
+        "verl-bridge: rollout.gpu_memory_utilization)\n# or free the GPU: nvidia-smi shows which processes hold memory",
+        weight=46,
+        source="https://github.com/pytorch/pytorch/issues/175666",
+    ),
+    # source: https://github.com/vllm-project/vllm/issues/15286
+    Signature(
+        "vllm-windows",
+        (r"No module named ['\"]vllm\._C['\"]",
+         r"(?:File \"[A-Za-z]:\\|[A-Za-z]:\\[^\n]*\\site-packages\\vllm|win32|win_amd64|PS [A-Za-z]:\\)"),
+        "vLLM has no native Windows build: the `vllm` wheels on PyPI are Linux-only, so on Windows pip installs a "
+        "package without its compiled ops (vllm._C)",
+        "run vLLM under Linux: WSL2 (wsl --install, then pip install vllm inside Ubuntu) or the Linux container "
+        "(docker run --gpus all vllm/vllm-openai ...)",
+        weight=55,
+        source="https://github.com/vllm-project/vllm/issues/15286",
+    ),
+    # --- Megatron-LM layouts, forks and tools ---------------------------------------------------------------
+    # source: https://github.com/huggingface/accelerate/issues/970
+    # (huggingface/accelerate#755: megatron 1.1.5 is Megatron-DeepSpeed's; accelerate needs megatron-lm >= 2.2.0)
+    Signature(
+        "megatron-lm-old-copy",
+        (r"cannot import name '(?P<name>\w+)' from 'megatron\.(?P<mod>arguments|initialize|global_vars|checkpointing|utils|"
+         r"training|mpu|model|optimizer|schedules|p2p_communication|text_generation_utils)'",),
+        "`megatron.{mod}` was found (the pre-2024 Megatron-LM layout; current Megatron-LM keeps these under "
+        "megatron.training, megatron.core and megatron.legacy) but has no `{name}`: the Megatron copy on sys.path is "
+        "another release or fork than the code was written for (e.g. Megatron-DeepSpeed or the old PyPI megatron-lm 1.x)",
+        "see which copy is imported: python -c \"import megatron.{mod} as m; print(m.__file__)\"\n"
+        "# then put the Megatron-LM release (or fork) the calling code was written for first on PYTHONPATH",
+        weight=30,
+        source="https://github.com/huggingface/accelerate/issues/970",
+    ),
+    # source: https://github.com/FlagAI-Open/FlagAI/issues/479
+    Signature(
+        "megatron-legacy-layout",
+        (r"No module named '(?P<mod>megatron\.(?P<top>model|data|mpu|fused_kernels|arguments|initialize|global_vars|"
+         r"checkpointing|optimizer|schedules|p2p_communication|text_generation_utils|tokenizer)\b[\w.]*)'",),
+        "`{mod}` is Megatron-LM's pre-2024 layout: the megatron-core wheel never had it and current Megatron-LM moved it "
+        "(model -> megatron.legacy.model, data -> megatron.core.datasets, arguments/initialize/global_vars/checkpointing/"
+        "tokenizer -> megatron.training, optimizer -> megatron.core.optimizer): the code needs the old Megatron-LM it was "
+        "written for on PYTHONPATH",
+        "use the Megatron-LM the project pins (its README, requirements or git submodule: git submodule update --init "
+        "--recursive), e.g. git clone -b core_r0.5.0 https://github.com/NVIDIA/Megatron-LM && export "
+        "PYTHONPATH=$PWD/Megatron-LM:$PYTHONPATH  # core_r0.5.0 still has the old layout\n"
+        "# or port the imports to the current layout (megatron.training / megatron.legacy / megatron.core)",
+        weight=29,
+        source="https://github.com/FlagAI-Open/FlagAI/issues/479",
+    ),
+    # source: https://github.com/deepspeedai/Megatron-DeepSpeed/issues/189
+    Signature(
+        "megatron-deepspeed",
+        (r"(?:[/\\]Megatron-DeepSpeed[/\\][^\n]*|File \"[^\"]*[/\\]megatron[/\\][^\"]*\"[^\n]*\n\s*(?:from deepspeed|import deepspeed)[^\n]*)",
+         r"(?:Error|Exception)\b"),
+        "the traceback runs through Megatron-DeepSpeed, DeepSpeed's fork of Megatron-LM (the old megatron/ layout plus "
+        "DeepSpeed), not NVIDIA Megatron-LM or megatron-core: megatron-core's releases and renames do not apply to it",
+        "pip show deepspeed  # the fork follows DeepSpeed closely: a name missing from deepspeed means the DeepSpeed "
+        "release is older than this Megatron-DeepSpeed (pip install -U deepspeed)\n"
+        "# report it to https://github.com/deepspeedai/Megatron-DeepSpeed (not Megatron-LM)",
+        weight=48,
+        confident=False,
+        source="https://github.com/deepspeedai/Megatron-DeepSpeed/issues/189",
+    ),
+    # source: https://github.com/deepspeedai/Megatron-DeepSpeed/issues/269
+    Signature(
+        "megatron-deepspeed-needs-newer-deepspeed",
+        (r"(?:[/\\]Megatron-DeepSpeed[/\\]|File \"[^\"]*[/\\]megatron[/\\][^\"]*\"[^\n]*\n\s*from deepspeed)",
+         r"cannot import name '(?P<name>\w+)' from '(?P<mod>deepspeed[\w.]*)'"),
+        "Megatron-DeepSpeed (DeepSpeed's fork of Megatron-LM, not NVIDIA Megatron-LM) imports `{name}` from `{mod}`, "
+        "which the installed DeepSpeed does not have: the DeepSpeed release is older than this Megatron-DeepSpeed",
+        "pip install -U deepspeed  # a DeepSpeed release that has {mod}.{name}; check: python -c \"from {mod} import {name}\"",
+        weight=52,
+        source="https://github.com/deepspeedai/Megatron-DeepSpeed/issues/269",
+    ),
+    # source: https://github.com/NVIDIA/Megatron-LM/issues/763
+    Signature(
+        "megatron-tools-pythonpath",
+        (r"(?:File \"(?P<root>[^\"\n]*?[Mm]egatron[\w.\-]*)[/\\](?:tools|examples)[/\\][^\"]+\.py\"|"
+         r"(?P<root2>[^\s#:]*?[Mm]egatron[\w.\-]*)[/\\]tools[/\\][\w/\\]*# python3? )",
+         r"No module named '(?:megatron\b[\w.]*|schema_\w+|loader_\w+|saver_\w+|checkpoint_\w+|setter|utils)'"),
+        "a script in the Megatron-LM checkout's tools/ or examples/ was run without the checkout itself on PYTHONPATH: "
+        "Python puts only the script's own folder on sys.path, so `megatron` is not found there (or another, older "
+        "megatron install is imported instead)",
+        "export PYTHONPATH={root}:$PYTHONPATH  # the checkout root; tools/checkpoint modules also need "
+        "{root}/tools/checkpoint when not run as a script; a launcher that sets PYTHONPATH itself overrides yours",
+        weight=45,
+        source="https://github.com/NVIDIA/Megatron-LM/issues/763",
+    ),
+    # source: https://github.com/ISEEKYAN/mbridge/issues/155
+    Signature(
+        "megatron-modeltype-removed",
+        (r"(?:type object 'ModelType'|ModelType) has no attribute '(?P<attr>encoder_and_decoder)'|"
+         r"ModelType\.(?P<attr2>encoder_and_decoder) is deprecated",),
+        "`ModelType.{attr}` is gone from megatron-core: an enum member up to 0.13, a deprecated stand-in that raises "
+        "ValueError when read from a member in 0.14-0.16, removed in 0.17 (only encoder_or_decoder is left); the "
+        "calling code was written for an older megatron-core",
+        "in the calling code (the frame above the error): compare with getattr(ModelType, \"{attr}\", None) instead of "
+        "ModelType.{attr} (the guard verl added in verl-project/verl#6927)\n"
+        "# or: pip install \"megatron-core>=0.12,<0.14\"  (the last releases where it is a real member)",
+        weight=45,
+        source="https://github.com/ISEEKYAN/mbridge/issues/155",
+    ),
+    # --- NCCL NVLS ----------------------------------------------------------------------------------------
+    # source: https://github.com/NVIDIA/nccl/issues/1788
+    Signature(
+        "nccl-nvls",
+        (r"transport/nvls\.cc:\d+ NCCL WARN|Failed to bind NVLink SHARP|NVLS[^\n]*(?:failed|failure|error)",),
+        "NCCL's NVLink SHARP (NVLS: multicast through the NVSwitches) could not be set up: the node's Fabric Manager / "
+        "NVSwitch state (or a VM/container without multicast) does not allow it; NCCL fails instead of falling back "
+        "when NVLS is forced or the bind fails",
+        "export NCCL_NVLS_ENABLE=0  # NCCL uses NVLink without NVLS (somewhat slower large all-reduces)\n"
+        "# then check the fabric: nvidia-smi -q | grep -i -A2 fabric (State Completed, Status Success); "
+        "a stuck Fabric Manager needs a restart of nvidia-fabricmanager or the node",
+        weight=50,
+        source="https://github.com/NVIDIA/nccl/issues/1788",
+    ),
+    # --- apex, Transformer Engine ---------------------------------------------------------------------------
+    # source: https://github.com/modelscope/ms-swift/issues/4176
+    Signature(
+        "apex-amp-removed",
+        (r"cannot import name 'amp' from 'apex' \((?P<path>[^)]*apex[/\\]__init__\.py)\)",),
+        "apex is installed ({path}) but has no `apex.amp`: NVIDIA removed the long-deprecated apex.amp from apex in 2025 "
+        "(NVIDIA/apex#1902); the code importing it was written for an older apex",
+        "port the calling code to PyTorch's native AMP (torch.autocast(\"cuda\") and torch.amp.GradScaler(\"cuda\"))\n"
+        "# or build an apex commit from before the removal (ms-swift#4176 uses git checkout "
+        "e13873debc4699d39c6861074b9a3b2a02327f92 before the usual apex build)",
+        weight=40,
+        source="https://github.com/modelscope/ms-swift/issues/4176",
+    ),
+    # source: https://github.com/NVIDIA/Megatron-LM/issues/1642
+    Signature(
+        "transformer-engine-api",
+        (r"cannot import name '(?P<name>\w+)' from '(?P<mod>transformer_engine[\w.]*)'(?! \(unknown location\))",),
+        "the installed Transformer Engine has no `{mod}.{name}`: TE moves and renames Python names between releases, and "
+        "the code importing it (the frame above the error) was written for another TE release",
+        "pip show transformer-engine  # the installed release\n"
+        "# then install the TE release the calling code was written for, or upgrade that code (megatron-core / "
+        "Megatron-LM / NeMo) to a release made for this TE",
+        weight=38,
+        source="https://github.com/NVIDIA/Megatron-LM/issues/1642",
+    ),
+    # source: https://github.com/huggingface/accelerate/issues/1276
+    Signature(
+        "te-fp8-missing",
+        (r"requires transformer_engine to be installed|(?:fp8|FP8)[^\n]*(?:requires?|needs?)[^\n]*[Tt]ransformer[ _-]?[Ee]ngine",),
+        "FP8 training runs on Transformer Engine's FP8 layers, and Transformer Engine is not installed (or not importable) "
+        "in this environment",
+        'pip install --no-build-isolation "transformer-engine[pytorch]"  # FP8 needs an Ada/Hopper/Blackwell GPU\n'
+        "# or turn FP8 off (bf16); check the install with: python -c \"import transformer_engine.pytorch\"",
+        weight=40,
+        source="https://github.com/huggingface/accelerate/issues/1276",
     ),
     # Not from an upstream thread: the seed article's import path, mapped to this project's.
     Signature(
