@@ -134,3 +134,23 @@ def test_every_new_class_cites_a_public_thread():
     by_id = {s.id: s for s in knowledge.SIGNATURES}
     for i in ids:
         assert by_id[i].source.startswith("https://github.com/"), i
+
+
+def test_flash_attn_without_its_extension_is_rebuilt_not_installed_again():
+    # https://github.com/Dao-AILab/flash-attention/issues/614: the package is there, its compiled part is not
+    m = best("  File \"/v/site-packages/flash_attn/flash_attn_interface.py\", line 8, in <module>\n"
+             "ModuleNotFoundError: No module named 'flash_attn_2_cuda'")
+    assert m.id == "flash-attn-no-ext" and "--no-build-isolation" in m.fix and m.fix.startswith("pip uninstall -y flash-attn")
+
+
+def test_megatron_core_submodule_missing_without_an_installed_wheel_names_the_copy():
+    # https://github.com/verl-project/verl/issues/573: an old Megatron-LM checkout on PYTHONPATH
+    f = _facts()
+    f.mcore_version = None
+    m = explain("ModuleNotFoundError: No module named 'megatron.core.optimizer'", facts=f)[0]
+    assert m.id == "megatron-core-version" and "checkout" in m.cause
+    assert m.fix.startswith('python -c "import megatron.core as m; print(m.__file__)"')
+    assert 'pip install "megatron-core>=0.12,<0.20"' in m.fix
+    api = explain("ImportError: cannot import name 'DistributedDataParallelConfig' from 'megatron.core.distributed'",
+                  facts=f)[0]
+    assert api.id == "megatron-core-api" and "==0.8.0" not in api.fix and "the installed megatron-core" not in api.cause

@@ -240,6 +240,8 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
             where = f" in {lib}" if lib else ""
             match.cause += f". Undefined symbol{where}: {d.demangled}: {d.cause}"
     if match.id == "megatron-core-api":
+        if not facts.mcore_version:
+            match.cause = match.cause.replace("the installed megatron-core's", "the imported")
         m = re.findall(r"cannot import name '(\w+)' from '(megatron\.core[\w.]*)'", text)
         if m:
             name, mod = m[-1]
@@ -558,6 +560,13 @@ def _history_text(f: history.Finding, facts: Facts) -> tuple[str, str]:
     cause = f"`{f.what}` exists in megatron-core {history.span(f.releases)}; {have_txt}"
     pin = f.pin()
     fixes: list[str] = []
+    if not have:  # the megatron.core that failed is not an installed wheel: say which copy it is, then install one
+        fixes.append('python -c "import megatron.core as m; print(m.__file__)"  # the copy that was imported; an old '
+                     "Megatron-LM checkout on PYTHONPATH shadows any installed megatron-core: remove it from PYTHONPATH")
+        if f.releases[-1] == history.load().releases[-1]:
+            lo = f.releases[0] if env_vcmp(f.releases[0], "0.12") >= 0 else "0.12"
+            fixes.append(f'pip install "megatron-core>={lo},<0.20"  # releases from {lo} on have it')
+            return cause, "\n".join(fixes)
     if f.replacement:
         rel = history.known_release(have)
         what = f" (it has {', '.join(f.shared[:4])})" if f.shared else ""
@@ -583,7 +592,17 @@ def env_vcmp(a: str, b: str) -> int:
 def _megatron_module_history(mod: str, facts: Facts) -> Match | None:
     """`No module named 'megatron.core.X'`: which releases have it (from the release table)."""
     if not facts.mcore_version:
-        return None  # megatron-core is not installed: installing it is the answer (megatron-core-missing)
+        # `No module named 'megatron.core.X'` names the deepest missing module, so a `megatron.core` WAS imported:
+        # a copy that is not an installed megatron-core (a Megatron-LM checkout on PYTHONPATH, another environment)
+        found = history.lookup_module(mod, None) if mod.startswith("megatron.core.") else None
+        if found is None:
+            return None
+        cause, fix = _history_text(found, facts)
+        cause = (f"a `megatron.core` was imported but has no `{mod}`: it is not an installed megatron-core wheel here "
+                 f"(a Megatron-LM checkout on PYTHONPATH or an old copy); `{mod}` exists in megatron-core "
+                 f"{history.span(found.releases)}")
+        return Match("megatron-core-version", cause, fix, source="https://github.com/verl-project/verl/issues/573",
+                     weight=35)
     found = history.lookup_module(mod, facts.mcore_version)
     if found is None:
         # a deeper module the table does not know: look for its nearest known parent

@@ -190,6 +190,18 @@ SIGNATURES: tuple[Signature, ...] = (
         weight=50,
         source="https://github.com/Dao-AILab/flash-attention/issues/940",
     ),
+    # source: https://github.com/Dao-AILab/flash-attention/issues/614
+    Signature(
+        "flash-attn-no-ext",
+        (r"No module named '(?P<ext>flash_attn_2_cuda|flash_attn_cuda)'",),
+        "flash-attn's Python files are installed but its compiled extension `{ext}` is not there for this interpreter: "
+        "the build failed or was made for another Python / environment (the wheel or build of flash-attn must match "
+        "this Python, torch and CUDA)",
+        FA_FIX + "  # builds it for this Python and torch\n"
+        "# check: python -c \"import {ext}\"  and  pip show -f flash-attn | grep {ext}",
+        weight=35,
+        source="https://github.com/Dao-AILab/flash-attention/issues/614",
+    ),
     # source: https://github.com/Dao-AILab/flash-attention/issues/931
     Signature(
         "flash-attn-torch",
