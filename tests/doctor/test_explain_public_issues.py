@@ -44,7 +44,7 @@ CASES = [
     # Megatron-LM layouts and forks
     ("ImportError: cannot import name 'validate_args' from 'megatron.arguments'", "megatron-lm-old-copy",
      ["import megatron.arguments as m; print(m.__file__)"]),
-    ("ModuleNotFoundError: No module named 'megatron.data'", "megatron-legacy-layout", ["core_r0.5.0"]),
+    ("ModuleNotFoundError: No module named 'megatron.data'", "megatron-legacy-layout", ["git submodule update --init"]),
     ("  File \"/src/Megatron-DeepSpeed/megatron/core/utils.py\", line 13, in <module>\n    from deepspeed import "
      "get_accelerator\nImportError: cannot import name 'get_accelerator' from 'deepspeed'",
      "megatron-deepspeed-needs-newer-deepspeed", ["pip install -U deepspeed"]),
@@ -154,3 +154,12 @@ def test_megatron_core_submodule_missing_without_an_installed_wheel_names_the_co
     api = explain("ImportError: cannot import name 'DistributedDataParallelConfig' from 'megatron.core.distributed'",
                   facts=f)[0]
     assert api.id == "megatron-core-api" and "==0.8.0" not in api.fix and "the installed megatron-core" not in api.cause
+
+
+def test_old_megatron_api_from_a_package_needs_the_old_layout_not_an_edit():
+    # https://github.com/huggingface/accelerate/issues/2390: accelerate's own `from megatron import get_args`
+    m = best("  File \"/usr/lib/python3.10/site-packages/accelerate/utils/megatron_lm.py\", line 42, in <module>\n"
+             "ImportError: cannot import name 'get_args' from 'megatron' (unknown location)")
+    assert m.id == "megatron-training" and "git clone -b core_r0.5.0" in m.fix
+    t = best("ImportError: cannot import name 'get_timers' from 'megatron.training'")
+    assert t.id == "megatron-lm-old-copy" and "pre-2024" not in t.cause

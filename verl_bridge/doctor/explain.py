@@ -316,6 +316,18 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
         else:
             match.fix += ("\n# if it still fails at ~0.9 the model does not fit: tensor_parallel_size > 1, a smaller or "
                           "quantized model, or free the GPU of other processes (nvidia-smi)")
+    elif match.id == "megatron-lm-old-copy" and g.get("mod") == "training":
+        # megatron.training is the current layout (a package) and was a module of the old one: no layout claim
+        match.cause = (f"`megatron.training` was found but has no `{g.get('name')}`: the Megatron-LM on sys.path is another "
+                       "release (or fork) than the code importing it was written for")
+    elif match.id == "megatron-training" and g.get("name") in _LEGACY_API:
+        # `from megatron import get_args`: the pre-2024 API; a package's own code cannot be edited
+        # (accelerate needs Megatron-LM core_r0.5.0, https://github.com/huggingface/accelerate/issues/2390)
+        match.cause += f"; `from megatron import {g['name']}` is the pre-2024 Megatron-LM API"
+        match.fix = (f"your own code: import it as `from megatron.training import {g['name']}` with a current Megatron-LM "
+                     "checkout on PYTHONPATH\n"
+                     "# a package's code (the frame above the error, e.g. accelerate): it needs the old layout: git clone -b "
+                     "core_r0.5.0 https://github.com/NVIDIA/Megatron-LM && export PYTHONPATH=$PWD/Megatron-LM:$PYTHONPATH")
     elif match.id == "megatron-training-missing":
         mod = g.get("mod", "megatron.training")
         top = ".".join(mod.split(".")[:2])
@@ -495,6 +507,9 @@ _LEGACY_MOVED = {"model": "megatron.legacy.model", "optimizer": "megatron.core.o
                  "arguments": "megatron.training.arguments", "initialize": "megatron.training.initialize",
                  "global_vars": "megatron.training.global_vars", "checkpointing": "megatron.training.checkpointing",
                  "tokenizer": "megatron.training.tokenizer"}
+
+_LEGACY_API = {"get_args", "get_timers", "get_tokenizer", "print_rank_0", "print_rank_last", "mpu",
+               "initialize_megatron", "get_num_microbatches", "update_num_microbatches", "get_adlr_autoresume"}
 
 _OURS = ("megatron", "transformer_engine", "apex", "vllm", "flash_attn", "verl_bridge")
 

@@ -800,9 +800,8 @@ SIGNATURES: tuple[Signature, ...] = (
         "(model -> megatron.legacy.model, data -> megatron.core.datasets, arguments/initialize/global_vars/checkpointing/"
         "tokenizer -> megatron.training, optimizer -> megatron.core.optimizer): the code needs the old Megatron-LM it was "
         "written for on PYTHONPATH",
-        "use the Megatron-LM the project pins (its README, requirements or git submodule: git submodule update --init "
-        "--recursive), e.g. git clone -b core_r0.5.0 https://github.com/NVIDIA/Megatron-LM && export "
-        "PYTHONPATH=$PWD/Megatron-LM:$PYTHONPATH  # core_r0.5.0 still has the old layout\n"
+        "put the Megatron-LM the importing project pins on PYTHONPATH (its README or requirements name it; a git "
+        "submodule: git submodule update --init --recursive): export PYTHONPATH=/path/to/that/Megatron-LM:$PYTHONPATH\n"
         "# or port the imports to the current layout (megatron.training / megatron.legacy / megatron.core)",
         weight=29,
         source="https://github.com/FlagAI-Open/FlagAI/issues/479",
