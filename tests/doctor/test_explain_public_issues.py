@@ -163,3 +163,25 @@ def test_old_megatron_api_from_a_package_needs_the_old_layout_not_an_edit():
     assert m.id == "megatron-training" and "git clone -b core_r0.5.0" in m.fix
     t = best("ImportError: cannot import name 'get_timers' from 'megatron.training'")
     assert t.id == "megatron-lm-old-copy" and "pre-2024" not in t.cause
+
+
+def test_vllm_ops_missing_on_macos_and_when_the_text_cannot_tell():
+    mac = best("  File \"/Users/me/venv/lib/python3.12/site-packages/vllm/_custom_ops.py\", line 18\n"
+               "ModuleNotFoundError: No module named 'vllm._C'")
+    assert mac.id == "vllm-macos" and mac.confident and "source" in mac.fix
+    # a bare message (https://github.com/microsoft/fara/issues/33): checkout, platform or broken install
+    bare = best("ModuleNotFoundError: No module named 'vllm._C'")
+    assert bare.id == "vllm-no-ops" and not bare.confident and bare.fix.startswith('python -c "import vllm')
+
+
+def test_libstdcxx_with_an_elided_path_is_not_called_the_system_one():
+    m = best("ImportError: …/libstdc++.so.6: version `GLIBCXX_3.4.32' not found (required by …/gymtorch.so)")
+    assert m.id == "torch-libstdcxx" and not m.confident and "system libstdc++ (" not in m.cause
+    system = best("ImportError: /lib64/libstdc++.so.6: version `GLIBCXX_3.4.20' not found")
+    assert system.confident and "libstdc++.so.6*" in system.fix
+
+
+def test_from_megatron_import_get_args_without_a_location_is_not_sure():
+    # too new (moved to megatron.training) or too old (Megatron-LM 1.1, https://github.com/laekov/fastmoe/issues/181)
+    m = best("ImportError: cannot import name 'get_args' from 'megatron'")
+    assert m.id == "megatron-training-legacy-api" and not m.confident and "1.x" in m.cause

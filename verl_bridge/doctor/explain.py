@@ -276,6 +276,11 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
                 match.fix = fix
     elif match.id == "torch-libstdcxx":
         path = g.get("path")
+        if path and not re.match(r"/(?:usr/)?lib(?:64|32)?/", path):
+            path = None  # a shortened or relative path ('…/libstdc++.so.6'): which copy it is is not known
+        if path:
+            match.fix += (f"\n# a conda environment that has a newer libstdc++ also needs the libstdc++.so.6 link in "
+                          "$CONDA_PREFIX/lib: ls -l $CONDA_PREFIX/lib/libstdc++.so.6* (pytorch/pytorch#157709)")
         if not path:
             match.cause = match.cause.replace(" (?)", "")
             match.cause = ("a libstdc++ older than the one the binary was built with was loaded (it lacks "
@@ -294,6 +299,18 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
         note = f"  # GCC {gcc}'s libstdc++ is the first with {g.get('ver')}" if gcc else ""
         match.fix = (f"conda install -p {prefix} -c conda-forge 'libstdcxx-ng{want}'{note}\n"
                      f"# check: strings {path or '$CONDA_PREFIX/lib/libstdc++.so.6'} | grep {g.get('ver', 'GLIBCXX')}")
+    elif match.id == "vllm-no-ops":
+        # a checkout is shown by a vllm/ path outside site-packages or by running the repo's own scripts
+        paths = re.findall(r"File \"([^\"]*[/\\]vllm[/\\][^\"]*)\"", text)
+        checkout = [p for p in paths if not re.search(r"(?:site|dist)-packages", p)]
+        if not checkout and not re.search(r"python3? (?:examples|benchmarks|tests)/|pip install -e|setup\.py develop", text):
+            match.confident = False
+            match.cause = ("vllm._C (vLLM's compiled ops) is missing: either a vLLM source checkout that was never built "
+                           "shadows the installed vLLM, or the installed vLLM has no compiled ops for this platform "
+                           "(vLLM publishes Linux wheels only) or is a broken install; this text does not say which")
+            match.fix = ("python -c \"import vllm; print(vllm.__file__)\"  # a checkout: cd elsewhere or build it (pip "
+                         "install -e . inside it); site-packages on Linux: pip install --force-reinstall vllm; "
+                         "Windows or macOS: vLLM needs Linux (WSL2 on Windows) or a source CPU build")
     elif match.id == "vllm-free-memory":
         try:
             share = int(float(g["free"]) / float(g["total"]) * 100) / 100  # rounded down

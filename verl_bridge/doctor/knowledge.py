@@ -54,10 +54,13 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "megatron-training-legacy-api",
         (r"cannot import name '(?P<name>get_args|get_timers|get_tokenizer|mpu|print_rank_0|initialize_megatron)' from 'megatron'",),
-        "`from megatron import {name}` is the pre-2024 Megatron-LM layout; current Megatron-LM moved it to "
-        "`megatron.training`",
-        "change the import to `from megatron.training import {name}` (Megatron-LM checkout on PYTHONPATH), "
-        "or pin the Megatron-LM release your code was written for",
+        "the `megatron` that was imported has no `{name}`: `from megatron import {name}` is the Megatron-LM API of "
+        "2021-2024 (v2.2 to core_r0.5); current Megatron-LM moved it to `megatron.training`, and Megatron-LM 1.x or "
+        "other forks never had it there (laekov/fastmoe#181: 1.1.0 was too old). The text does not say which side",
+        "python -c \"import megatron; print(megatron.__path__)\"  # which megatron is imported\n"
+        "# code you control: `from megatron.training import {name}` with a current Megatron-LM; else put the Megatron-LM "
+        "release the code was written for on PYTHONPATH (its README or requirements name it)",
+        confident=False,
         weight=15,
         source="https://github.com/laekov/fastmoe/issues/181",
     ),
@@ -249,6 +252,17 @@ SIGNATURES: tuple[Signature, ...] = (
         "pip uninstall -y vllm && pip install vllm  # or rebuild vLLM from source against the installed torch",
         weight=30,
         source="https://github.com/vllm-project/vllm/issues/13608",
+    ),
+    # source: https://github.com/PromtEngineer/localGPT-Vision/issues/4
+    Signature(
+        "vllm-macos",
+        (r"No module named ['\"]vllm\._C['\"]", r"(?:File \"/Users/|[\s(]/Users/[^\s]*|darwin|macOS|MacBook|Apple (?:M\d|silicon))"),
+        "vLLM publishes no macOS wheels: on a Mac, pip's vLLM has no compiled ops (vllm._C); vLLM runs there only as a "
+        "CPU build made from source (its CPU installation docs cover Apple silicon) or through the vllm-metal plugin",
+        "build vLLM from source for CPU as vLLM's installation docs describe for macOS, or run it on a Linux machine "
+        "with a GPU",
+        weight=54,
+        source="https://github.com/PromtEngineer/localGPT-Vision/issues/4",
     ),
     # source: https://github.com/vllm-project/vllm/issues/1814
     Signature(
