@@ -278,6 +278,9 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
         path = g.get("path")
         if path and not re.match(r"/(?:usr/)?lib(?:64|32)?/", path):
             path = None  # a shortened or relative path ('…/libstdc++.so.6'): which copy it is is not known
+        gcc = _GCC_FOR_GLIBCXX.get(g.get("ver", ""))
+        if gcc and path:
+            match.fix = match.fix.replace("'libstdcxx-ng>=12'", f"'libstdcxx-ng>={gcc}'", 1)
         if path:
             match.fix += (f"\n# a conda environment that has a newer libstdc++ also needs the libstdc++.so.6 link in "
                           "$CONDA_PREFIX/lib: ls -l $CONDA_PREFIX/lib/libstdc++.so.6* (pytorch/pytorch#157709)")
@@ -309,7 +312,8 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
                            "shadows the installed vLLM, or the installed vLLM has no compiled ops for this platform "
                            "(vLLM publishes Linux wheels only) or is a broken install; this text does not say which")
             match.fix = ("python -c \"import vllm; print(vllm.__file__)\"  # a checkout: cd elsewhere or build it (pip "
-                         "install -e . inside it); site-packages on Linux: pip install --force-reinstall vllm; "
+                         "install -e . inside it); site-packages on Linux: pip install --force-reinstall "
+                         "\"vllm==$(python -c 'import importlib.metadata as m; print(m.version(\"vllm\"))')\"; "
                          "Windows or macOS: vLLM needs Linux (WSL2 on Windows) or a source CPU build")
     elif match.id == "vllm-free-memory":
         try:
@@ -333,14 +337,20 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
         else:
             match.fix += ("\n# if it still fails at ~0.9 the model does not fit: tensor_parallel_size > 1, a smaller or "
                           "quantized model, or free the GPU of other processes (nvidia-smi)")
+    elif match.id == "megatron-legacy-layout" and g.get("top") in _LEGACY_MOVED:
+        match.fix = ("git clone -b core_r0.5.0 https://github.com/NVIDIA/Megatron-LM && export "
+                     "PYTHONPATH=$PWD/Megatron-LM:$PYTHONPATH  # the last branch with this layout (core_r0.6.0 moved it "
+                     f"to {_LEGACY_MOVED[g['top']]}); better: the Megatron-LM the importing project pins (README, "
+                     "requirements or a git submodule: git submodule update --init --recursive)\n"
+                     "# or port the imports to the current layout")
     elif match.id == "megatron-lm-old-copy" and g.get("mod") == "training":
         # megatron.training is the current layout (a package) and was a module of the old one: no layout claim
         match.cause = (f"`megatron.training` was found but has no `{g.get('name')}`: the Megatron-LM on sys.path is another "
                        "release (or fork) than the code importing it was written for")
     elif match.id == "megatron-training" and g.get("name") in _LEGACY_API:
-        # `from megatron import get_args`: the pre-2024 API; a package's own code cannot be edited
+        # `from megatron import get_args`: the API before core_r0.6.0; a package's own code cannot be edited
         # (accelerate needs Megatron-LM core_r0.5.0, https://github.com/huggingface/accelerate/issues/2390)
-        match.cause += f"; `from megatron import {g['name']}` is the pre-2024 Megatron-LM API"
+        match.cause += f"; `from megatron import {g['name']}` is the Megatron-LM API before core_r0.6.0 (April 2024)"
         match.fix = (f"your own code: import it as `from megatron.training import {g['name']}` with a current Megatron-LM "
                      "checkout on PYTHONPATH\n"
                      "# a package's code (the frame above the error, e.g. accelerate): it needs the old layout: git clone -b "
@@ -350,7 +360,7 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
         top = ".".join(mod.split(".")[:2])
         part = mod.split(".")[1] if "." in mod else ""
         if part in _LEGACY_MOVED:
-            match.cause += (f"; `{top}` is also the pre-2024 layout: current Megatron-LM has it as {_LEGACY_MOVED[part]}, "
+            match.cause += (f"; `{top}` is also the layout before core_r0.6.0 (April 2024): current Megatron-LM has it as {_LEGACY_MOVED[part]}, "
                             "so the code needs the Megatron-LM release it was written for")
             match.fix = ("git clone -b core_r0.5.0 https://github.com/NVIDIA/Megatron-LM && export "
                          "PYTHONPATH=$PWD/Megatron-LM:$PYTHONPATH  # core_r0.5.0 still has the old layout; better: the "
@@ -516,14 +526,16 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
 
 
 # libstdc++'s GLIBCXX symbol versions and the GCC release that first ships each (GCC's libstdc++ ABI manual)
-_GCC_FOR_GLIBCXX = {"GLIBCXX_3.4.26": "9", "GLIBCXX_3.4.27": "10", "GLIBCXX_3.4.28": "10", "GLIBCXX_3.4.29": "11",
-                    "GLIBCXX_3.4.30": "12", "GLIBCXX_3.4.31": "13", "GLIBCXX_3.4.32": "13", "GLIBCXX_3.4.33": "14"}
+_GCC_FOR_GLIBCXX = {"GLIBCXX_3.4.25": "8", "GLIBCXX_3.4.26": "9", "GLIBCXX_3.4.27": "9.2", "GLIBCXX_3.4.28": "9.3",
+                    "GLIBCXX_3.4.29": "11", "GLIBCXX_3.4.30": "12", "GLIBCXX_3.4.31": "13", "GLIBCXX_3.4.32": "13.2",
+                    "GLIBCXX_3.4.33": "14"}
 
-# Megatron-LM modules of the pre-2024 layout and where current Megatron-LM keeps them
+# Megatron-LM modules of the layout up to core_r0.5.0 and where core_r0.6.0 on keeps them (checked in the branches)
 _LEGACY_MOVED = {"model": "megatron.legacy.model", "optimizer": "megatron.core.optimizer",
                  "arguments": "megatron.training.arguments", "initialize": "megatron.training.initialize",
                  "global_vars": "megatron.training.global_vars", "checkpointing": "megatron.training.checkpointing",
-                 "tokenizer": "megatron.training.tokenizer"}
+                 "tokenizer": "megatron.training.tokenizer", "data": "megatron.legacy.data / megatron.core.datasets",
+                 "mpu": "megatron.legacy.mpu", "fused_kernels": "megatron.legacy.fused_kernels"}
 
 _LEGACY_API = {"get_args", "get_timers", "get_tokenizer", "print_rank_0", "print_rank_last", "mpu",
                "initialize_megatron", "get_num_microbatches", "update_num_microbatches", "get_adlr_autoresume"}

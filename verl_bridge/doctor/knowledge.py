@@ -797,7 +797,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "megatron-lm-old-copy",
         (r"cannot import name '(?P<name>\w+)' from 'megatron\.(?P<mod>arguments|initialize|global_vars|checkpointing|utils|"
          r"training|mpu|model|optimizer|schedules|p2p_communication|text_generation_utils)'",),
-        "`megatron.{mod}` was found (the pre-2024 Megatron-LM layout; current Megatron-LM keeps these under "
+        "`megatron.{mod}` was found (the Megatron-LM layout up to core_r0.5.0; from core_r0.6.0 on these live under "
         "megatron.training, megatron.core and megatron.legacy) but has no `{name}`: the Megatron copy on sys.path is "
         "another release or fork than the code was written for (e.g. Megatron-DeepSpeed or the old PyPI megatron-lm 1.x)",
         "see which copy is imported: python -c \"import megatron.{mod} as m; print(m.__file__)\"\n"
@@ -810,10 +810,11 @@ SIGNATURES: tuple[Signature, ...] = (
         "megatron-legacy-layout",
         (r"No module named '(?P<mod>megatron\.(?P<top>model|data|mpu|fused_kernels|arguments|initialize|global_vars|"
          r"checkpointing|optimizer|schedules|p2p_communication|text_generation_utils|tokenizer)\b[\w.]*)'",),
-        "`{mod}` is Megatron-LM's pre-2024 layout: the megatron-core wheel never had it and current Megatron-LM moved it "
-        "(model -> megatron.legacy.model, data -> megatron.core.datasets, arguments/initialize/global_vars/checkpointing/"
-        "tokenizer -> megatron.training, optimizer -> megatron.core.optimizer): the code needs the old Megatron-LM it was "
-        "written for on PYTHONPATH",
+        "`{mod}` is Megatron-LM's old layout: the megatron-core wheel never had it, and Megatron-LM core_r0.6.0 (April "
+        "2024) moved it (model, data, mpu, fused_kernels -> megatron.legacy; arguments/initialize/global_vars/"
+        "checkpointing/tokenizer -> megatron.training; optimizer -> megatron.core.optimizer; p2p_communication and "
+        "schedules went to megatron.core.pipeline_parallel earlier): the code needs the old Megatron-LM it was written for "
+        "on PYTHONPATH",
         "put the Megatron-LM the importing project pins on PYTHONPATH (its README or requirements name it; a git "
         "submodule: git submodule update --init --recursive): export PYTHONPATH=/path/to/that/Megatron-LM:$PYTHONPATH\n"
         "# or port the imports to the current layout (megatron.training / megatron.legacy / megatron.core)",
