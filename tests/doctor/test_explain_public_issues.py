@@ -185,3 +185,8 @@ def test_from_megatron_import_get_args_without_a_location_is_not_sure():
     # too new (moved to megatron.training) or too old (Megatron-LM 1.1, https://github.com/laekov/fastmoe/issues/181)
     m = best("ImportError: cannot import name 'get_args' from 'megatron'")
     assert m.id == "megatron-training-legacy-api" and not m.confident and "1.x" in m.cause
+
+
+def test_fp8_needing_a_newer_te_is_not_called_missing_te():
+    m = explain("RuntimeError: FP8 dequantization requires Transformer Engine >= 2.7.0.dev0", facts=_facts())
+    assert not m or m[0].id != "te-fp8-missing"

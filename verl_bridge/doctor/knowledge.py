@@ -922,6 +922,7 @@ SIGNATURES: tuple[Signature, ...] = (
         'pip install --no-build-isolation "transformer-engine[pytorch]"  # FP8 needs an Ada/Hopper/Blackwell GPU\n'
         "# or turn FP8 off (bf16); check the install with: python -c \"import transformer_engine.pytorch\"",
         weight=40,
+        none_of=(r"[Tt]ransformer[ _-]?[Ee]ngine\s*(?:>=|version)\s*\d",),  # installed but too old: another cause
         source="https://github.com/huggingface/accelerate/issues/1276",
     ),
     # Not from an upstream thread: the seed article's import path, mapped to this project's.
