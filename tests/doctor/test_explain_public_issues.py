@@ -190,3 +190,10 @@ def test_from_megatron_import_get_args_without_a_location_is_not_sure():
 def test_fp8_needing_a_newer_te_is_not_called_missing_te():
     m = explain("RuntimeError: FP8 dequantization requires Transformer Engine >= 2.7.0.dev0", facts=_facts())
     assert not m or m[0].id != "te-fp8-missing"
+
+
+def test_nccl_unhandled_cuda_error_with_nvls_info_lines_is_not_called_nvls():
+    # https://github.com/vllm-project/vllm/issues/6732: INFO lines name NVLS, nothing says it failed
+    m = best("x:1:2 [5] NCCL INFO NVLS multicast support is available on dev 5\n"
+             "[rank0]: RuntimeError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for details)")
+    assert m.id == "nccl-error" and not m.confident and "NCCL_DEBUG=INFO" in m.fix

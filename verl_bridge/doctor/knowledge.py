@@ -554,7 +554,7 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "nccl-error",
         (r"NCCL error in:? ?(?P<where>[^\n,]*?(?:NCCLUtils|ProcessGroupNCCL|nccl)[^\n,]*), (?P<what>[^\n]+?)(?:,|\n|$)|"
-         r"(?P<what2>unhandled system error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|"
+         r"(?P<what2>unhandled system error|unhandled cuda error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|"
          r"remote process exited or there was a network error)",),
         "NCCL failed ('{what}'); this text does not say why: NCCL writes the reason to its own log "
         "(NCCL WARN lines) only with NCCL_DEBUG set",
