@@ -197,3 +197,11 @@ def test_nccl_unhandled_cuda_error_with_nvls_info_lines_is_not_called_nvls():
     m = best("x:1:2 [5] NCCL INFO NVLS multicast support is available on dev 5\n"
              "[rank0]: RuntimeError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for details)")
     assert m.id == "nccl-error" and not m.confident and "NCCL_DEBUG=INFO" in m.fix
+
+
+def test_vllm_memory_knob_is_read_from_a_verl_command_line():
+    # https://github.com/verl-project/verl/issues/2245: the knob is verl's actor_rollout_ref.rollout.gpu_memory_utilization
+    m = best("python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.gpu_memory_utilization=0.3\n"
+             "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+             "initializing the engine.")
+    assert "is 0.3 here" in m.cause and "actor_rollout_ref.rollout.gpu_memory_utilization" in m.fix

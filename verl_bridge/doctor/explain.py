@@ -332,7 +332,7 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
         elif util:
             match.cause += f"; gpu_memory_utilization is {util[-1]} here"
             match.fix = (f"raise gpu_memory_utilization above {util[-1]} (e.g. 0.9; vLLM: --gpu-memory-utilization, "
-                         "verl-bridge: rollout.gpu_memory_utilization)\n"
+                         "verl-bridge: rollout.gpu_memory_utilization; verl: actor_rollout_ref.rollout.gpu_memory_utilization)\n"
                          "# if it still fails at ~0.9 the model does not fit: tensor_parallel_size > 1 or a smaller/quantized model")
         else:
             match.fix += ("\n# if it still fails at ~0.9 the model does not fit: tensor_parallel_size > 1, a smaller or "

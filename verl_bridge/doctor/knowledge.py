@@ -748,7 +748,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "vLLM found no memory left for its KV cache: after the weights and the profiling run, nothing of its budget "
         "(gpu_memory_utilization x the GPU's total memory, minus what other processes hold) remained",
         "raise gpu_memory_utilization (vLLM: --gpu-memory-utilization 0.9 / LLM(gpu_memory_utilization=0.9); "
-        "verl-bridge: rollout.gpu_memory_utilization)",
+        "verl-bridge: rollout.gpu_memory_utilization; verl: actor_rollout_ref.rollout.gpu_memory_utilization)",
         weight=45,
         source="https://github.com/vllm-project/vllm/issues/10439",
     ),
@@ -760,8 +760,8 @@ SIGNATURES: tuple[Signature, ...] = (
          r"available KV cache memory[^\n]*?estimated maximum model length is (?P<have2>\d+)",),
         "one sequence of the model's full context ({want} tokens) does not fit the KV cache vLLM could allocate "
         "({have} tokens)",
-        "set max_model_len to at most {have} (vLLM: --max-model-len {have} / LLM(max_model_len={have}))\n"
-        "# or give the KV cache more room: a higher gpu_memory_utilization (verl-bridge: rollout.gpu_memory_utilization), "
+        "set max_model_len to at most {have} (vLLM: --max-model-len {have} / LLM(max_model_len={have}); verl: actor_rollout_ref.rollout.max_model_len)\n"
+        "# or give the KV cache more room: a higher gpu_memory_utilization (verl-bridge: rollout.gpu_memory_utilization; verl: actor_rollout_ref.rollout.gpu_memory_utilization), "
         "tensor_parallel_size > 1, or a quantized model",
         weight=46,
         source="https://github.com/vllm-project/vllm/issues/2418",
@@ -774,7 +774,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "vLLM was asked for {util} of the GPU ({want} GiB) but only {free} of {total} GiB were free when it started: "
         "other processes (or, in an RL job, the trainer in the same process) already hold the rest",
         "lower gpu_memory_utilization to at most {{share}} (the free share of the card; vLLM: --gpu-memory-utilization, "
-        "verl-bridge: rollout.gpu_memory_utilization)\n# or free the GPU: nvidia-smi shows which processes hold memory",
+        "verl-bridge: rollout.gpu_memory_utilization; verl: actor_rollout_ref.rollout.gpu_memory_utilization)\n# or free the GPU: nvidia-smi shows which processes hold memory",
         weight=46,
         source="https://github.com/pytorch/pytorch/issues/175666",
     ),
