@@ -783,8 +783,8 @@ SIGNATURES: tuple[Signature, ...] = (
         "vllm-windows",
         (r"No module named ['\"]vllm\._C['\"]",
          r"(?:File \"[A-Za-z]:\\|[A-Za-z]:\\[^\n]*\\site-packages\\vllm|win32|win_amd64|PS [A-Za-z]:\\)"),
-        "vLLM has no native Windows build: the `vllm` wheels on PyPI are Linux-only, so on Windows pip installs a "
-        "package without its compiled ops (vllm._C)",
+        "vLLM does not support native Windows (its wheels are built for Linux): the vllm installed here has no compiled "
+        "ops (vllm._C)",
         "run vLLM under Linux: WSL2 (wsl --install, then pip install vllm inside Ubuntu) or the Linux container "
         "(docker run --gpus all vllm/vllm-openai ...)",
         weight=55,
