@@ -622,7 +622,7 @@ class Program:
             elif isinstance(recv, cst.Call) and isinstance(recv.func, cst.Name) and recv.func.value in self.classes:
                 cls = recv.func.value
             if cls is not None:
-                info = self.funcs_by_qual.get(f"{cls}.{method}")
+                info = self.method_of(cls, method)
                 if info is not None:
                     return info, 1
             d = dotted(recv)
@@ -659,8 +659,62 @@ class Program:
             if cls:
                 exprs = [v for (v, _) in self.self_assignments(cls, recv.attr.value)]
         if len(exprs) == 1 and isinstance(exprs[0], cst.Call) and isinstance(exprs[0].func, cst.Name):
-            if exprs[0].func.value in self.classes:
-                return exprs[0].func.value
+            return self.class_named(exprs[0].func.value, scope)
+        return None
+
+    def class_named(self, name: str, scope: Optional[FuncInfo], _seen: int = 0) -> Optional[str]:
+        """The class (of this program) a name stands for: the class itself, or a variable bound once to a
+        class or to ``A if cond else B`` (``trainer_cls = Unsup if args.unsup else Base``): the branch the
+        condition picks when it is known, else the class the other candidates derive from."""
+        if name in self.classes:
+            return name
+        if _seen > 3:
+            return None
+        exprs = self.assignments_of(name, scope)
+        if len(exprs) != 1:
+            return None
+        e = exprs[0]
+        if isinstance(e, cst.Name):
+            return self.class_named(e.value, scope, _seen + 1)
+        if isinstance(e, cst.IfExp) and isinstance(e.body, cst.Name) and isinstance(e.orelse, cst.Name):
+            a = self.class_named(e.body.value, scope, _seen + 1)
+            b = self.class_named(e.orelse.value, scope, _seen + 1)
+            if a is None or b is None:
+                return a or b
+            test = self.ev(e.test, scope)
+            if isinstance(test, Known) and not isinstance(test.value, Record):
+                return a if test.value else b
+            if a in self.class_ancestors(b):
+                return a
+            if b in self.class_ancestors(a):
+                return b
+            return a
+        return None
+
+    def class_ancestors(self, cls: str) -> list:
+        """The program's own base classes of *cls*, nearest first (``class B(A)`` -> [A, ...])."""
+        out, todo = [], [cls]
+        while todo:
+            cdef = self.classes.get(todo.pop(0))
+            if cdef is None:
+                continue
+            for b in cdef.bases:
+                name = b.value.value if isinstance(b.value, cst.Name) else (
+                    b.value.attr.value if isinstance(b.value, cst.Attribute) else None)
+                if name and name in self.classes and name not in out and name != cls:
+                    out.append(name)
+                    todo.append(name)
+        return out
+
+    def method_of(self, cls: str, method: str) -> Optional[FuncInfo]:
+        """``cls.method``, found on the class or, when it does not define it, on its own base classes."""
+        info = self.funcs_by_qual.get(f"{cls}.{method}")
+        if info is not None:
+            return info
+        for base in self.class_ancestors(cls):
+            info = self.funcs_by_qual.get(f"{base}.{method}")
+            if info is not None:
+                return info
         return None
 
     def assignments_of(self, name: str, scope: Optional[FuncInfo]) -> list:

@@ -146,6 +146,9 @@ class ConfigSitesMixin:
         for call, scope in self.calls:
             last = _last(call.func) or ""
             qs = self.qn(call.func)
+            alias = self.optimizer_alias(call, scope)
+            if alias is not None:
+                last, qs = alias
             sub_opt = self.local_optimizer_base(call)  # values.py: class MyAdam(torch.optim.Adam)
             if sub_opt is not None and not self.statically_dead(call, scope):
                 a.warn(f"{self.loc(self.p.line(call))}: the optimizer {last} is the script's own subclass of "
@@ -158,7 +161,8 @@ class ConfigSitesMixin:
                 continue  # the branch the script's defaults never take (values.py)
             if is_opt:
                 params = _call_arg(call, 0, "params")
-                role = "critic" if params is not None and re.search(r"critic|value|vf", _code(params), re.I) else "actor"
+                role = "critic" if params is not None and re.search(r"critic|value|vf", self._params_code(params, scope),
+                                                                    re.I) else "actor"
                 lr = _call_arg(call, 1, "lr") if last in ("Adam", "AdamW", "SGD", "RMSprop", "Adagrad") else _kwarg(call, "lr")
                 self.emit(f"optim.{role}.lr", self.p.ev(lr, scope) if lr is not None else None,
                           f"the {role} learning rate" if lr is not None else "")
@@ -214,6 +218,37 @@ class ConfigSitesMixin:
             a.warn("no optimizer construction was found; optim.actor.lr is left out")
         if found_actor and not trl:
             self.no_clipping_default()  # values.py
+
+    def optimizer_alias(self, call, scope):
+        """``Opt = DeepSpeedCPUAdam if args.offload else FusedAdam; Opt(params, lr=...)``: the optimizer
+        class a variable holds (the branch the condition takes when known, else the first optimizer
+        branch) as ``(last name, qualified names)``; None when the callee is not such a variable."""
+        if not isinstance(call.func, cst.Name) or call.func.value in OPTIMIZERS:
+            return None
+        exprs = [e for e in self.p.assignments_of(call.func.value, scope) if e is not None]
+        if len(exprs) != 1:
+            return None
+        e = exprs[0]
+        branches = [e]
+        if isinstance(e, cst.IfExp):
+            test = self.p.ev(e.test, scope)
+            branches = [e.body, e.orelse]
+            if isinstance(test, Known) and not isinstance(test.value, Record):
+                branches = [e.body] if test.value else [e.orelse]
+        for b in branches:
+            if isinstance(b, (cst.Name, cst.Attribute)) and (_last(b) or "") in OPTIMIZERS:
+                return _last(b), self.qn(b)
+        return None
+
+    def _params_code(self, params, scope) -> str:
+        """The parameters' expression and, for a variable, what it was built from (``optim_params =
+        group_params(critic_model, ...)``): where the actor / critic role shows."""
+        code = _code(params)
+        if isinstance(params, cst.Name):
+            exprs = [e for e in self.p.assignments_of(params.value, scope) if e is not None]
+            if len(exprs) == 1:
+                code += " " + _code(exprs[0])
+        return code
 
     # torch.optim's defaults (torch/optim/adam.py, adamw.py): what an optimizer built without the keyword uses
     TORCH_OPTIM_DEFAULTS = {"Adam": {"weight_decay": 0.0, "eps": 1e-8, "betas": [0.9, 0.999]},

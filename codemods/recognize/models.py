@@ -46,9 +46,66 @@ class ModelsMixin:
         cands.sort(key=lambda c: (c[3], c[4]))
         return cands[0][:3]
 
+    def _param_sites(self, scope, name: str):
+        """``(argument, caller scope, call)`` at every call of *scope*'s function for its parameter *name*
+        (a helper such as ``create_hf_model(model_class, model_name_or_path)`` called once per role)."""
+        if scope is None or name not in scope.params:
+            return []
+        idx, param = scope.params[name]
+        out = []
+        for site, caller, offset in self.p.calls_by_callee().get(scope.qual, []):
+            arg = self.p._arg_for(site, idx, name, offset)
+            if arg == "star":
+                continue
+            if arg is None:
+                arg, caller = param.default, scope.parent
+            if arg is not None:
+                out.append((arg, caller, site))
+        return out
+
+    def _model_site_via_params(self, call: cst.Call, scope):
+        """``model_class.from_pretrained(model_name_or_path)`` inside a helper whose class (and maybe
+        name) are its parameters: the call sites that pass a causal-LM class, each read as a model
+        site of its own (the role is the name the site's result is assigned to)."""
+        cls_node = call.func.value
+        if not (isinstance(cls_node, cst.Name) and scope is not None and cls_node.value in scope.params):
+            return None
+        name_node = _call_arg(call, 0, "pretrained_model_name_or_path")
+        best = None
+        for arg, caller, site in self._param_sites(scope, cls_node.value):
+            q = next(iter(sorted(self.qn(arg))), dotted(arg) or "")
+            clsname = q.rsplit(".", 1)[-1]
+            if not clsname or NOT_ACTOR_RE.search(clsname) or not CAUSAL_LM_RE.search(clsname):
+                continue
+            target = self._assigned_name(site)
+            if target is not None and NOT_ACTOR_TARGET_RE.search(target):
+                continue
+            name_arg, name_scope = name_node, scope
+            if isinstance(name_node, cst.Name) and name_node.value in scope.params:
+                bound = [(a, c) for a, c, s in self._param_sites(scope, name_node.value) if s is site]
+                if not bound:
+                    continue
+                name_arg, name_scope = bound[0]
+            rank = 0 if target is not None and self._trained(target) else 1
+            line = self.p.line(site)
+            ev = self.p.ev(name_arg, name_scope)
+            got = None
+            if isinstance(ev, Known) and isinstance(ev.value, str) and ev.value.strip():
+                got = (ev.value, ev.line, None, rank, line)
+            elif isinstance(ev, Runtime) or (isinstance(ev, Known) and ev.value in (None, "")):
+                flag = self.flag_of(name_arg, name_scope)
+                if flag is not None:
+                    got = ("<to_fill>", ev.line if ev.line else line, flag, rank, line)
+            if got is not None and (best is None or got[3:] < best[3:]):
+                best = got
+        return best
+
     def _model_site(self, call: cst.Call, scope):
         last = _last(call.func) or ""
         if last == "from_pretrained" and call.args and isinstance(call.func, cst.Attribute):
+            via = self._model_site_via_params(call, scope)
+            if via is not None:
+                return via
             cls = dotted(call.func.value) or ""
             q = next(iter(sorted(self.qn(call.func.value))), cls)
             clsname = q.rsplit(".", 1)[-1]
@@ -140,6 +197,10 @@ class ModelsMixin:
                     continue
                 return None
             if isinstance(node, cst.Name):
+                if scope is not None and node.value in scope.params and node.value not in scope.assigns:
+                    # a parameter: the flag every call site passes for it
+                    flags = {self.flag_of(a, c) for a, c, _ in self._param_sites(scope, node.value)}
+                    return flags.pop() if len(flags) == 1 else None
                 exprs = [e for e in self.p.assignments_of(node.value, scope) if e is not None]
                 if len(exprs) != 1:
                     return None
