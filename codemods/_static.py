@@ -600,6 +600,10 @@ class Program:
                 if nested is not None:
                     return nested, 0
                 if name in scope.assigns or name in scope.params:
+                    alias = self.class_named(name, caller) if name in scope.assigns else None
+                    if alias is not None:  # trainer_cls = Sub if flag else Base; trainer_cls(...)
+                        init = self.method_of(alias, "__init__")
+                        return (init, 1) if init is not None else None
                     return self._instance_call(f, caller)
                 scope = scope.parent
             if name in self.module_assigns and name not in self.funcs_by_qual and name not in self.classes:

@@ -77,9 +77,54 @@ class ConfigSitesMixin:
         sampler = kws.get("length_sampler")
         if sampler is not None and "data.max_response_length" not in self.a.config:
             self.length_sampler(sampler, call)
-        if "max_length" in kws and "max_new_tokens" not in kws and info is None:
+        if "max_length" in kws and "max_new_tokens" not in kws and info is None and self._budget_over_prompt(call, kws):
+            pass
+        elif "max_length" in kws and "max_new_tokens" not in kws and info is None:
             self.a.warn(f"{self.loc(self.p.line(call))}: max_length counts prompt and response together; "
                         "data.max_response_length is left out")
+
+    def _budget_over_prompt(self, call, kws) -> bool:
+        """``generate(ids, max_length=budget + ids.shape[1])``: the total length is the prompt's own length
+        plus a response budget, so the budget is data.max_response_length. True when emitted."""
+        v = kws.get("max_length")
+        if not isinstance(v, tuple):
+            return False
+        node, sc = v
+        for _ in range(3):
+            if not isinstance(node, cst.Name):
+                break
+            exprs = [e for e in self.p.assignments_of(node.value, sc) if e is not None]
+            if len(exprs) != 1:
+                return False
+            node = exprs[0]
+        if not (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add)):
+            return False
+        inp = _call_arg(call, 0, "input_ids")
+        if inp is None:
+            inp = _kwarg(call, "inputs")
+        if inp is None:
+            return False
+        inp_code = _code(inp)
+
+        def prompt_len(e) -> bool:
+            # ids.shape[1] / ids.shape[-1] / ids.size(1) / ids.size(-1) / len(ids) of the generate input
+            if isinstance(e, cst.Subscript) and isinstance(e.value, cst.Attribute) and e.value.attr.value == "shape":
+                idx = e.slice[0].slice if len(e.slice) == 1 and isinstance(e.slice[0].slice, cst.Index) else None
+                return idx is not None and _code(idx.value).replace(" ", "") in ("1", "-1") and \
+                    _code(e.value.value) == inp_code
+            if isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and e.func.attr.value == "size":
+                return len(e.args) == 1 and _code(e.args[0].value).replace(" ", "") in ("1", "-1") and \
+                    _code(e.func.value) == inp_code
+            return False
+
+        for mine, other in ((node.left, node.right), (node.right, node.left)):
+            if prompt_len(mine):
+                ev = self.p.ev(other, sc)
+                if isinstance(ev, Known) and isinstance(ev.value, int) and not isinstance(ev.value, bool):
+                    self.emit("data.max_response_length", ev, "max_length minus the prompt length")
+                    return True
+                return False
+        return False
 
     def _sampler_call(self, value):
         """``gen_kwargs["max_new_tokens"] = output_length_sampler()``: (the sampler, its scope) or None."""

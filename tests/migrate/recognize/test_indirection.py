@@ -26,6 +26,7 @@ def main():
     parser.add_argument("--critic_lr", type=float, default=7e-6)
     parser.add_argument("--ptx_data", type=str, default=None)
     parser.add_argument("--offload", action="store_true")
+    parser.add_argument("--max_answer_len", type=int, default=96)
     args = parser.parse_args()
     engine = Engine(args.policy_path, args)
     trainer_cls = PPOWithPtx if args.ptx_data else PPOBase
@@ -77,9 +78,11 @@ class PPOBase:
         self.cliprange_value = 0.2
         self.gamma = 1.0
         self.lam = 0.95
+        self.max_answer = args.max_answer_len
 
     def make_experience(self, prompts):
-        seq = self.actor.generate(prompts, max_new_tokens=128)
+        total = self.max_answer + prompts.shape[1]
+        seq = self.actor.generate(prompts, max_length=total)
         return {"seq": seq}
 
     def update(self, exp):
@@ -138,3 +141,18 @@ def test_optimizer_class_held_in_a_variable(tmp_path):
     assert r.a.config["optim.actor.lr"] == 2e-6
     assert r.a.config["optim.critic.lr"] == 7e-6
     assert r.a.config["optim.actor.betas"] == [0.9, 0.95]
+
+
+def test_max_length_as_a_budget_over_the_prompt(tmp_path):
+    r = _run(tmp_path)
+    # generate(prompts, max_length=self.max_answer + prompts.shape[1]): the response budget is max_answer,
+    # read from the flag through the trainer's __init__ (reached through the conditional class alias)
+    assert r.a.config["data.max_response_length"] == 96
+    assert not any("counts prompt and response together" in w for w in r.a.warnings)
+
+
+def test_max_length_without_the_prompt_term_is_left_out(tmp_path):
+    src = TRAINER.replace("total = self.max_answer + prompts.shape[1]", "total = self.max_answer + 64")
+    r = recognizer(LAUNCHER, tmp_path, {"engine.py": ENGINE, "trainer.py": src})
+    assert "data.max_response_length" not in r.a.config
+    assert any("counts prompt and response together" in w for w in r.a.warnings)
