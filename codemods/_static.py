@@ -962,18 +962,38 @@ class Program:
         if not before:
             return None
         ln, e = max(before, key=lambda t: t[0])
+        child = e
         for anc in self.ancestors(e):
             if anc is body_owner or anc is self.module:
                 break
             if isinstance(anc, cst.If) and "__main__" in _code_of(anc.test):
+                child = anc
                 continue  # the script's main guard runs unconditionally
+            if isinstance(anc, (cst.If, cst.Else)) and self._branch_taken(anc, child, scope):
+                child = anc
+                continue  # `if args.config: cfg = load(...) else: cfg = DEFAULT`: the test is settled
             if isinstance(anc, _BRANCHING):
                 return None
+            child = anc
         # an assignment after the use inside a loop around the use may flow back to it
         later = [e2 for ln2, e2 in placed if ln2 >= int(use_line)]
         if later:
             return None
         return e
+
+    def _branch_taken(self, node, child, scope) -> bool:
+        """*child* sits in the branch of the ``if`` *node* (or of the ``if`` owning the ``else`` *node*)
+        that a statically known test takes; False when the test is not known or takes the other way."""
+        if isinstance(node, cst.Else):
+            owner = self.parents.get(node)
+            return isinstance(owner, cst.If) and self._test_is(owner, scope, False)
+        if child is node.orelse:
+            return self._test_is(node, scope, False)  # the else / elif branch: this test must be false
+        return any(x is child for x in walk(node.body)) and self._test_is(node, scope, True)
+
+    def _test_is(self, node: cst.If, scope, want: bool) -> bool:
+        ev = self.ev(node.test, scope)
+        return isinstance(ev, Known) and not isinstance(ev.value, Record) and bool(ev.value) is want
 
     def ev_unpack(self, call: cst.Call, index: int, scope) -> Ev:
         """``args, ppo_config = HfArgumentParser((ScriptArgs, PPOConfig)).parse_args_into_dataclasses()``:

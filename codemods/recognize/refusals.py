@@ -23,7 +23,7 @@ PREFERENCE_RE = re.compile(r"chosen|rejected|preferred|dispreferred|(^|_)(win|lo
 class RefusalsMixin:
     def refuse_blockers(self, main_loop) -> bool:
         """Refuse for a blocker that no config key expresses; True when refused."""
-        checks = [self._ray_trainer, self._preference_loss]
+        checks = [self._ray_trainer, lambda: self._preference_loss(main_loop)]
         if main_loop is not None:
             checks += [lambda: self._multi_turn(main_loop), lambda: self._replay_buffer(main_loop),
                        lambda: self._greedy_baseline(main_loop)]
@@ -78,13 +78,25 @@ class RefusalsMixin:
         return None
 
     # ------------------------------------------------------------------ offline preference losses
-    def _preference_loss(self) -> Optional[str]:
+    def _preference_loss(self, main_loop=None) -> Optional[str]:
         """DPO/IPO/KTO: a loss over a chosen/rejected pair of log-ratios (``-logsigmoid(beta * (...))`` or
-        IPO's squared margin), trained on a fixed preference dataset; generation, if any, only evaluates."""
+        IPO's squared margin), trained on a fixed preference dataset; generation, if any, only evaluates.
+        When the script has an RL loop, a preference loss in an imported project module counts only if
+        the loop reaches it (a helpers module may also hold an unused DPO loss)."""
+        reached = None
+        if main_loop is not None:
+            reached = {id(f.node) for f in self.callees_closure(main_loop)}
         for call, scope in self.calls:
             last = _last(call.func) or ""
             if last not in ("logsigmoid", "log_sigmoid"):
                 continue
+            if reached is not None and getattr(self.p.line(call), "file", None) is not None:
+                funcs, f = set(), scope
+                while f is not None:
+                    funcs.add(id(f.node))
+                    f = f.parent
+                if not funcs & reached:
+                    continue  # in a local module, outside what the training loop calls
             # the margin: directly in the argument, or through the names it is built from
             names = set(re.findall(r"\w+", _code(call)))
             todo, seen = list(names), set()
