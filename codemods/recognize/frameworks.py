@@ -140,6 +140,9 @@ class FrameworksMixin:
                      "`verl-bridge init` writes one)")
         if found:
             return a
+        why = self._async_generation()
+        if why:
+            return a.refuse(why)
         text = self.p.module.code
         if re.search(r"\bppo\b|\bgrpo\b|rlhf|PPO|GRPO", text):
             return a.refuse(f"{self.fname()}: not an RL training loop: the file mentions PPO/GRPO but no loop "
@@ -147,6 +150,37 @@ class FrameworksMixin:
                             "model.generate(...) and loss.backward())")
         return a.refuse(f"{self.fname()}: no PPO/GRPO training loop found (no loop both generates responses and "
                         "updates a model)")
+
+    def _async_generation(self) -> Optional[str]:
+        """Generation in another process or thread: a function that generates is the ``target`` of
+        ``multiprocessing.Process`` / ``threading.Thread`` (or handed to a pool), while a loop of this
+        script updates a model from batches that arrive from a queue or a server. The sampling policy
+        lags the trained one (asynchronous, off-policy), which MegatronTrainer's rollout does not do."""
+        update_loop = None
+        for loop in self.loops:
+            if "backward" in self.reach(loop):
+                update_loop = loop
+                break
+        if update_loop is None:
+            return None
+        for call, scope in self.calls:
+            qs = self.qn(call.func)
+            if not any(q.endswith(("multiprocessing.Process", "threading.Thread", "torch.multiprocessing.Process",
+                                   "multiprocessing.spawn", "torch.multiprocessing.spawn")) or
+                       q.endswith(".Process") and "multiprocessing" in q for q in qs):
+                continue
+            target = _kwarg(call, "target") if _last(call.func) != "spawn" else (call.args[0].value if call.args else None)
+            if not isinstance(target, cst.Name):
+                continue
+            info = self.p.funcs_by_qual.get(target.value)
+            if info is None or "gen" not in self.reach(info.node):
+                continue
+            return (f"{self.loc(self.p.line(call))}: responses are generated in another process "
+                    f"({target.value}() started by {_last(call.func)}(...)) while the loop at "
+                    f"{self.loc(self.p.line(update_loop))} trains on batches that arrive from it: asynchronous, "
+                    "off-policy generation with a lagging copy of the policy; MegatronTrainer generates with the "
+                    "current policy inside each step, so this pipeline cannot be migrated as it is")
+        return None
 
     # ------------------------------------------------------------------ TRL
     def extract_trl(self) -> None:

@@ -53,3 +53,41 @@ def test_framework_entry_points_are_named(src, name):
 def test_gym_is_not_an_llm_loop():
     r = recognizer("import gym\nenv = gym.make('CartPole-v1')\n")
     assert any("not an LLM loop" in x and "t.py:1" in x for x in r.a.reasons)
+
+
+ASYNC_GEN = """
+import torch
+import torch.multiprocessing as mp
+from transformers import AutoModelForCausalLM
+
+
+def sampler(queue, device):
+    lm = AutoModelForCausalLM.from_pretrained("./ckpt/lm")
+    while True:
+        out = lm.generate(next_prompts(), max_new_tokens=64)
+        queue.put(score_and_pack(out))
+
+
+def main():
+    lm = AutoModelForCausalLM.from_pretrained("./ckpt/lm")
+    opt = torch.optim.AdamW(lm.parameters(), lr=1e-6)
+    queue = mp.Queue()
+    worker = mp.Process(target=sampler, args=(queue, 3))
+    worker.start()
+    for step in range(1000):
+        batch = queue.get()
+        ratio = torch.exp(lp(lm, batch) - batch["old"])
+        loss = -torch.min(ratio * batch["adv"], torch.clamp(ratio, 0.8, 1.2) * batch["adv"]).mean()
+        loss.backward()
+        opt.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_generation_in_another_process_is_refused_with_the_reason():
+    r = recognizer(ASYNC_GEN)
+    assert r.a.status == "refuse"
+    assert any("generated in another process" in x and "sampler()" in x for x in r.a.reasons), r.a.reasons
