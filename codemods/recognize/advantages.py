@@ -38,6 +38,9 @@ class AdvantagesMixin:
         if group is not None and not value_loss:
             self.emit("algorithm.name", Known("grpo", group[1]))
             self.emit("algorithm.group_size", group[0], "the group size")
+            if getattr(self, "group_std_line", None) is not None:
+                # the centred group rewards are divided by the group's std
+                self.emit("algorithm.norm_adv_by_std", Known(True, self.group_std_line))
         elif gae is not None or value_loss:
             self.emit("algorithm.name", Known("ppo", gae[2] if gae else value_loss))
             if gae is not None:
@@ -192,7 +195,8 @@ class AdvantagesMixin:
                 args = [e.value for e in args[1].elements]
             if len(args) != 2:
                 continue
-            if not (isinstance(args[0], cst.UnaryOperation) and _code(args[0]) == "-1"):
+            if not (isinstance(args[0], cst.UnaryOperation) and _code(args[0]) == "-1") and \
+                    not self._rows_of(args[0], args[1], scope):
                 continue
             parent = self.p.parents.get(call)
             names = {_code(call)}
@@ -202,6 +206,10 @@ class AdvantagesMixin:
                 continue
             recv = call.func.value
             self.group_call = call
+            if scope is not None:  # the function turning rewards into advantages is not the reward
+                self.advantage_funcs = getattr(self, "advantage_funcs", set()) | {id(scope.node)}
+            if self._divides_by_row_std(scope.node if scope is not None else self.p.module, names, scope):
+                self.group_std_line = self.p.line(call)
             if isinstance(recv, cst.Name):
                 self.reward_exprs = [(e, scope) for e in self.p.assignments_of(recv.value, scope) if e is not None]
             return (self.p.ev(args[1], scope), self.p.line(call))
@@ -228,8 +236,57 @@ class AdvantagesMixin:
                     self.a.warn(f"{self.loc(self.p.line(inner))}: each prompt's responses ({n}) are generated and "
                                 "their rewards normalised together in this loop over prompts: that is GRPO's group "
                                 "normalisation, algorithm.group_size is that number")
+                    self.group_std_line = self.p.line(node)  # _is_centered: divided by the std
                     return (ev, self.p.line(site))
         return None
+
+    def _runs(self, node, top, scope) -> bool:
+        """Every ``if`` between *node* and *top* is settled so that *node* runs."""
+        child = node
+        for anc in self.p.ancestors(node):
+            if anc is top:
+                return True
+            if isinstance(anc, cst.If):
+                t = anc.test
+                ev = self.p.ev_param(scope, t.value) if isinstance(t, cst.Name) and scope is not None and \
+                    t.value in scope.params else self.p.ev(t, scope)
+                if not isinstance(ev, Known):
+                    return False
+                if bool(ev.value) != any(x is child for x in walk(anc.body)):
+                    return False
+            child = anc
+        return True
+
+    def _rows_of(self, rows, g, scope) -> bool:
+        """``x.view(n_groups, G)`` with ``n_groups = len(x) // G`` (or ``N // G`` inline): the row count is
+        the length divided by the group size, so each row is one group, as with ``view(-1, G)``."""
+        for _ in range(2):
+            if isinstance(rows, cst.Name):
+                exprs = [e for e in self.p.assignments_of(rows.value, scope) if e is not None]
+                if len(exprs) != 1:
+                    return False
+                rows = exprs[0]
+        return isinstance(rows, cst.BinaryOperation) and isinstance(rows.operator, (cst.FloorDivide, cst.Divide)) \
+            and _code(rows.right) == _code(g)
+
+    def _divides_by_row_std(self, func_node, names, scope) -> bool:
+        """A division whose divisor holds ``g.std(dim=1)`` (or -1) of the grouped rewards *g*, in code that
+        runs (not under an ``if`` whose test is unknown or false: ``if normalize_by_std:``)."""
+        for n in walk(func_node):
+            if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Divide):
+                if not self._runs(n, func_node, scope):
+                    continue
+                divisor = [n.right]
+                for nm in walk(n.right):  # group_stds = g.std(dim=1); ... / (group_stds + eps)
+                    if isinstance(nm, cst.Name):
+                        exprs = [e for e in self.p.assignments_of(nm.value, scope) if e is not None]
+                        if len(exprs) == 1:
+                            divisor.append(exprs[0])
+                for m in (x for d in divisor for x in walk(d)):
+                    if isinstance(m, cst.Call) and isinstance(m.func, cst.Attribute) and m.func.attr.value == "std" \
+                            and _code(m.func.value) in names:
+                        return True
+        return False
 
     def _inner_prompt_loop(self, node, scope):
         """The loop inside the training loop (or a function it calls) that holds *node* and generates."""

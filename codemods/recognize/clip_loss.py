@@ -99,12 +99,26 @@ class ClipLossMixin:
                                         "supported by MegatronTrainer; it is dropped")
 
 
+    def _never_runs(self, node, scope) -> bool:
+        """*node* sits in a branch the script's values never take, or in a function every call of which
+        does (``elif loss_type == "grpo_clip": return clip_loss(...)`` with loss_type defaulting to
+        another objective). Unknown tests count as live."""
+        if self.statically_dead(node, scope):
+            return True
+        if scope is None or scope.parent is not None:
+            return False
+        sites = self.p.calls_by_callee().get(scope.qual, [])
+        return bool(sites) and not self.p._used_as_value(scope) and \
+            all(self.statically_dead(site, caller) for site, caller, _ in sites)
+
     def extract_clip(self) -> None:
         a = self.a
         # clip ratio
         lows, highs = [], []
         # the 1 - eps / 1 + eps form first: it names the range; literal bounds around 1 only when alone
         for kind, call, scope, x, lo, hi in sorted(self.all_clips(), key=lambda c: c[0] == "ratio_abs"):
+            if self._never_runs(call, scope):
+                continue  # e.g. the clipped loss of a `loss_type` the script's defaults do not select
             if kind == "ratio":
                 lows.append(self.p.ev(lo, scope))
                 highs.append(self.p.ev(hi, scope))

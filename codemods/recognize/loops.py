@@ -216,6 +216,9 @@ class LoopsMixin:
                     self.emit("algorithm.mini_batch_size", Known(None, self.p.line(node)), "the minibatch size")
                 else:
                     self.emit("algorithm.mini_batch_size", self.p.ev(node, sc), "the minibatch size")
+                    if not any(k in ("range3", "split") for k, n2, _ in path[path.index((kind, node, sc)) + 1:]):
+                        # one backward() per optimizer step over the whole minibatch: no accumulation
+                        self.emit("algorithm.micro_batch_size", self.p.ev(node, sc), "the micro-batch size")
                 mini_seen = True
             elif kind in ("range3", "split"):
                 # a strided loop inside the minibatch loop slices it into micro-batches (gradient
@@ -378,6 +381,17 @@ class LoopsMixin:
                         return outer + inner
         return None
 
+    def _named_loader_bs(self, name, loop, scope):
+        """The batch_size node of the ``DataLoader(...)`` a loop variable was bound to (one binding), when
+        the loop trains on what it draws (a loop that generates draws prompts: not a mini-batch loop)."""
+        if "gen" in self.reach(loop):
+            return None
+        exprs = [e for e in self.p.assignments_of(name.value, scope) if e is not None]
+        if len(exprs) == 1 and isinstance(exprs[0], cst.Call) and _last(exprs[0].func) == "DataLoader" and \
+                _kwarg(exprs[0], "sampler") is None and _kwarg(exprs[0], "batch_sampler") is None:
+            return _kwarg(exprs[0], "batch_size")
+        return None
+
     def _loops_between(self, body, node, scope):
         out = []
         for anc in self.p.ancestors(node):
@@ -402,6 +416,9 @@ class LoopsMixin:
                     bs = _kwarg(it, "batch_size")
                     if bs is not None:
                         out.append(("split", bs, scope))
+                elif isinstance(it, cst.Name) and self._named_loader_bs(it, anc, scope) is not None:
+                    # sampler = DataLoader(buffer, batch_size=b, ...); for batch in sampler: ...
+                    out.append(("split", self._named_loader_bs(it, anc, scope), scope))
                 else:
                     m = self.chunk_rows(it, scope)  # batches.py: blocks of m rows of x.reshape(A, m, ...)
                     if m is not None:

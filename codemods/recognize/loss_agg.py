@@ -197,7 +197,14 @@ class LossAggMixin:
                 return None
             if isinstance(n, (cst.For, cst.While, cst.With, cst.Try)):
                 return None
-        return f.name, cst.Module([]).code_for_node(f.node)
+        # annotations (Optional[torch.Tensor], jaxtyping shapes) name things the sandbox does not import
+        ps = f.node.params
+        strip = lambda lst: [x.with_changes(annotation=None) for x in lst]
+        star = ps.star_arg.with_changes(annotation=None) if isinstance(ps.star_arg, cst.Param) else ps.star_arg
+        node = f.node.with_changes(returns=None, params=ps.with_changes(
+            params=strip(ps.params), kwonly_params=strip(ps.kwonly_params), posonly_params=strip(ps.posonly_params),
+            star_arg=star, star_kwarg=ps.star_kwarg.with_changes(annotation=None) if ps.star_kwarg else None))
+        return f.name, cst.Module([]).code_for_node(node)
 
     def _branch_ok(self, stmt, body, info) -> Optional[bool]:
         """True when *stmt* runs (its enclosing ``if`` tests are settled its way), False when it does not,
@@ -247,6 +254,8 @@ class LossAggMixin:
             ok = self._branch_ok(s, body, info)
             if ok is False:
                 continue
+            if ok is None and not first and _backward_of(s) is None and self._only_reads(s, body, info, live):
+                continue  # a guard that only reads the value (`if not loss.isfinite(): print(loss)`)
             if ok is None:
                 return None
             first = False
@@ -343,9 +352,20 @@ class LossAggMixin:
             if back is not None and back in live:
                 return self._agg_finish(lines, back, x, m, info)
             reads = set(_loads(s.value)) if getattr(s, "value", None) is not None else set()
+            if reads & live and back is None and self._only_reads(s, body, info, live):
+                continue  # print(loss) / logging, also under `if not loss.isfinite():`: the value is unchanged
             if reads & live:
                 return self._agg_chain(s, (x, m), body, info, depth, lines, live)
         return None
+
+    def _only_reads(self, s, body, info, live) -> bool:
+        """A statement that reads the carried value without replacing it: an expression statement (a
+        print or a metric call), or any statement under a run-time test that binds none of its names."""
+        if isinstance(s, cst.Expr):
+            return True
+        if isinstance(s, cst.Return):
+            return False
+        return self._branch_ok(s, body, info) is None and not (_stmt_targets(s) & live)
 
     def _agg_finish(self, lines, back, x, m, info):
         lines = lines + [f"__out = {back}"]

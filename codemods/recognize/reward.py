@@ -88,8 +88,20 @@ class RewardMixin:
                        "left out. If it is a Hugging Face sequence classifier, set model.reward: {type: model, args: "
                        "{model_name_or_path: <dir>}}; otherwise write reward_fn(response_text, ground_truth) -> float")
                 return
+            where = getattr(self.p.line(f.node), "file", None)
+            module = self.module_name
+            if where is not None:
+                # defined in a project module the script imports: that module's import path, never the script's
+                quals = {q.lstrip(".") for q in self.p.imports.values() if q.lstrip(".").endswith("." + f.name)}
+                if len(quals) != 1 or any(q.startswith(".") for q in self.p.imports.values()
+                                          if q.lstrip(".") in quals):
+                    a.warn(f"the reward function {f.name}() is defined in {where}, not in the script; "
+                           "model.reward.args.path is left out: set it to that module's import path and "
+                           f"function ('<module>:{f.name}')")
+                    return
+                module = quals.pop()[: -len(f.name) - 1]
             self.emit("model.reward.type", Known("function", self.p.line(f.node)))
-            self.emit("model.reward.args.path", Known(f"{self.module_name}:{f.name}", self.p.line(f.node)))
+            self.emit("model.reward.args.path", Known(f"{module}:{f.name}", self.p.line(f.node)))
             nparams = len([p for p in f.params.values() if p[1].star not in ("*", "**") and p[1].default is None])
             if nparams != 2:
                 a.warn(f"the reward function {f.name}() ({self.loc(self.p.line(f.node))}) takes {nparams} required "

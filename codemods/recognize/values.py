@@ -369,6 +369,9 @@ class ValuesMixin:
 
 def _draw_count(value, qn):
     """The count node of a random draw without replacement, or None."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and not value.args and \
+            value.func.attr.value in ("tolist", "numpy", "cpu", "long", "int"):
+        value = value.func.value  # torch.randperm(n)[:k].tolist(): the same k indices
     if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Call) and len(value.slice) == 1:
         inner, sl = value.value, value.slice[0].slice
         if (_last(inner.func) or "") in ("randperm", "permutation") and isinstance(sl, cst.Slice) and \
