@@ -1249,6 +1249,15 @@ class Program:
                 return Known(self.assume_world_size, line)
             if name in RUNTIME_CALLS or name.endswith(".get_world_size") or name.endswith("get_data_parallel_world_size"):
                 return Runtime(f"{dotted(node.func) or name}() is {RUNTIME_CALLS.get(name, 'known only at run time')}", line)
+        if qs & {"typer.Option", "typer.Argument", "typer.params.Option", "typer.params.Argument"}:
+            # def main(lr: float = typer.Option(1e-5, help=...)): the parameter's default is the first argument
+            d = next((a.value for a in node.args if a.keyword is not None and a.keyword.value == "default"), None)
+            if d is None and node.args and node.args[0].keyword is None and not node.args[0].star:
+                d = node.args[0].value
+            if d is None or isinstance(d, cst.Ellipsis):
+                return Runtime(f"{dotted(node.func) or q}(...) has no default; its value is set on the command line",
+                               line)
+            return self.ev(d, scope)
         if isinstance(node.func, cst.Name) and node.func.value in ("float", "int") and len(node.args) == 1:
             v = self.ev(node.args[0].value, scope)
             if isinstance(v, Known) and isinstance(v.value, (int, float, str)):

@@ -216,7 +216,7 @@ class LoopsMixin:
                     self.emit("algorithm.mini_batch_size", Known(None, self.p.line(node)), "the minibatch size")
                 else:
                     self.emit("algorithm.mini_batch_size", self.p.ev(node, sc), "the minibatch size")
-                    if not any(k in ("range3", "split") for k, n2, _ in path[path.index((kind, node, sc)) + 1:]):
+                    if self._no_inner_loop(node):
                         # one backward() per optimizer step over the whole minibatch: no accumulation
                         self.emit("algorithm.micro_batch_size", self.p.ev(node, sc), "the micro-batch size")
                 mini_seen = True
@@ -381,6 +381,38 @@ class LoopsMixin:
                         return outer + inner
         return None
 
+    def _generator_stride(self, call, scope):
+        """The argument a call passes for the stride of a local generator's ``for i in range(0, n, k):
+        ... yield ...`` (k one of its parameters), or None."""
+        t = self.p.resolve_callee(call, scope)
+        if t is None:
+            return None
+        info, offset = t
+        for n in walk(info.node.body):
+            if isinstance(n, cst.For) and isinstance(n.iter, cst.Call) and _last(n.iter.func) == "range" and \
+                    len(n.iter.args) == 3 and any(isinstance(y, (cst.Yield,)) for y in walk(n.body)):
+                k = n.iter.args[2].value
+                if isinstance(k, cst.Name) and k.value in info.params:
+                    arg = self.p._arg_for(call, info.params[k.value][0], k.value, offset)
+                    return arg if arg is not None and arg != "star" else None
+        return None
+
+    def _no_inner_loop(self, count_node) -> bool:
+        """The mini-batch loop counted by *count_node* reaches backward() without another loop in between
+        (in its body or in the functions it calls): each backward() sees the whole mini-batch."""
+        loop = self.__dict__.get("path_loops", {}).get(id(count_node))
+        if loop is None:
+            return False
+        for n in walk(loop.body):
+            if isinstance(n, (cst.For, cst.While)) and "backward" in self.reach(n):
+                return False
+            if isinstance(n, cst.Call) and "backward" not in self.call_tags(n):
+                t = self.p.resolve_callee(n, self.p.func_of(n))
+                if t is not None and "backward" in self.reach(t[0].node) and any(
+                        isinstance(x, (cst.For, cst.While)) and "backward" in self.reach(x) for x in walk(t[0].node.body)):
+                    return False
+        return True
+
     def _named_loader_bs(self, name, loop, scope):
         """The batch_size node of the ``DataLoader(...)`` a loop variable was bound to (one binding), when
         the loop trains on what it draws (a loop that generates draws prompts: not a mini-batch loop)."""
@@ -398,6 +430,7 @@ class LoopsMixin:
             if anc is body:
                 break
             if isinstance(anc, cst.For):
+                n_before = len(out)
                 it = anc.iter
                 if isinstance(it, cst.Call) and _last(it.func) == "enumerate" and it.args:
                     it = it.args[0].value
@@ -416,6 +449,9 @@ class LoopsMixin:
                     bs = _kwarg(it, "batch_size")
                     if bs is not None:
                         out.append(("split", bs, scope))
+                elif isinstance(it, cst.Call) and self._generator_stride(it, scope) is not None:
+                    # for mb in make_microbatches(data, micro_size): a local generator slicing by a stride
+                    out.append(("split", self._generator_stride(it, scope), scope))
                 elif isinstance(it, cst.Name) and self._named_loader_bs(it, anc, scope) is not None:
                     # sampler = DataLoader(buffer, batch_size=b, ...); for batch in sampler: ...
                     out.append(("split", self._named_loader_bs(it, anc, scope), scope))
@@ -424,6 +460,8 @@ class LoopsMixin:
                     if m is not None:
                         out.append(("split", m, scope))
                         self.__dict__.setdefault("count_loops", {})[id(m)] = anc  # m may sit outside the loop
+                if len(out) > n_before:
+                    self.__dict__.setdefault("path_loops", {})[id(out[-1][1])] = anc
         out.reverse()
         return out
 
