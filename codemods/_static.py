@@ -40,6 +40,11 @@ class Runtime:
     line: int
 
 
+@dataclass(frozen=True)
+class NoneUnlessGiven(Runtime):
+    """An optional command-line flag without a default: argparse makes it None when it is not given."""
+
+
 Ev = Optional[Union[Known, Runtime]]
 
 
@@ -992,8 +997,53 @@ class Program:
         return any(x is child for x in walk(node.body)) and self._test_is(node, scope, True)
 
     def _test_is(self, node: cst.If, scope, want: bool) -> bool:
-        ev = self.ev(node.test, scope)
-        return isinstance(ev, Known) and not isinstance(ev.value, Record) and bool(ev.value) is want
+        return self.truth(node.test, scope) is want
+
+    def truth(self, test, scope) -> Optional[bool]:
+        """The truth value a condition has with the script's own values, or None when it is known only at
+        run time. An optional flag without a default is None unless given (``if args.lr: cfg.lr =
+        args.lr`` does not run by default)."""
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            t = self.truth(test.expression, scope)
+            return None if t is None else not t
+        if isinstance(test, cst.BooleanOperation):
+            left = self.truth(test.left, scope)
+            if isinstance(test.operator, cst.And):
+                return False if left is False else (self.truth(test.right, scope) if left is True else
+                                                    (False if self.truth(test.right, scope) is False else None))
+            return True if left is True else (self.truth(test.right, scope) if left is False else
+                                              (True if self.truth(test.right, scope) is True else None))
+        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
+                isinstance(test.comparisons[0].operator, (cst.Is, cst.IsNot)) and \
+                _code_of(test.comparisons[0].comparator) == "None":
+            ev = self.ev(test.left, scope)
+            is_none = True if isinstance(ev, NoneUnlessGiven) else (
+                ev.value is None if isinstance(ev, Known) and not isinstance(ev.value, Record) else None)
+            if is_none is None:
+                return None
+            return is_none if isinstance(test.comparisons[0].operator, cst.Is) else not is_none
+        ev = self.ev(test, scope)
+        if isinstance(ev, NoneUnlessGiven):
+            return False
+        if isinstance(ev, Known) and not isinstance(ev.value, Record):
+            return bool(ev.value)
+        return None
+
+    def dead(self, node, scope) -> bool:
+        """*node* sits in a branch that the script's own values never take."""
+        child = node
+        for anc in self.ancestors(node):
+            if isinstance(anc, cst.If):
+                in_body = any(x is child for x in (anc.body,))
+                in_else = anc.orelse is not None and child is anc.orelse
+                if in_body or in_else:
+                    t = self.truth(anc.test, scope)
+                    if t is not None and ((in_body and t is False) or (in_else and t is True)):
+                        return True
+            if isinstance(anc, (cst.FunctionDef, cst.ClassDef)):
+                return False
+            child = anc
+        return False
 
     def ev_unpack(self, call: cst.Call, index: int, scope) -> Ev:
         """``args, ppo_config = HfArgumentParser((ScriptArgs, PPOConfig)).parse_args_into_dataclasses()``:
@@ -1209,6 +1259,8 @@ class Program:
             return _NOT_STORED
         hits = []
         for base, value, sc, ln in self.attr_stores().get(attr, []):
+            if value is not None and self.dead(value, sc):
+                continue  # `if args.lr: cfg.lr = args.lr` with the flag not given
             other = self.ev_record(cst.Name(base) if isinstance(base, str) else base, sc)
             if other is not None and other.kind == rec.kind and other.line == rec.line:
                 hits.append((value, sc, ln))
@@ -1508,7 +1560,11 @@ class Program:
                     else:
                         fields[dest] = Runtime(f"--{dest.replace('_', '-')} (line {line}) has no default", line)
                 else:
-                    fields[dest] = Runtime(f"--{dest.replace('_', '-')} (line {line}) has no default; its value is set on the command line", line)
+                    required = "required" in kw and _code_of(kw["required"]) == "True"
+                    positional = not any(isinstance(a.value, cst.SimpleString) and literal_value(a.value).startswith("-")
+                                         for a in node.args if a.keyword is None)
+                    kind = Runtime if required or positional else NoneUnlessGiven
+                    fields[dest] = kind(f"--{dest.replace('_', '-')} (line {line}) has no default; its value is set on the command line", line)
             elif meth == "set_defaults":
                 for a in node.args:
                     if a.keyword is not None:

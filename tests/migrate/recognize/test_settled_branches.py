@@ -67,3 +67,25 @@ def test_reached_preference_loss_still_refuses(tmp_path):
         "        loss = (pg + 0.05 * kl).mean() + pair_loss(new, new, ref_lp, ref_lp)\n")
     r = recognizer(src, tmp_path, {"rl_helpers.py": HELPERS})
     assert any("preference loss" in x for x in r.a.reasons), r.a.reasons
+
+
+def test_override_by_an_optional_flag_that_is_not_given():
+    # `if args.lr: cfg.lr = args.lr` with --lr optional and without a default: None unless given, so the
+    # dataclass default is what the script trains with; a required flag stays a command-line value
+    src = GRPO.replace("import torch\n", "import argparse\nfrom dataclasses import dataclass\nimport torch\n\n\n"
+                       "@dataclass\nclass RunCfg:\n    lr: float = 2e-6\n", 1).replace(
+        "    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)\n", """\
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lr", type=float)
+    args = parser.parse_args()
+    cfg = RunCfg()
+    if args.lr:
+        cfg.lr = args.lr
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+""")
+    r = recognizer(src)
+    assert r.a.status == "migrate", r.a.reasons
+    assert r.a.config["optim.actor.lr"] == 2e-6
+    r2 = recognizer(src.replace('parser.add_argument("--lr", type=float)',
+                                'parser.add_argument("--lr", type=float, required=True)'))
+    assert "optim.actor.lr" not in r2.a.config
