@@ -240,23 +240,6 @@ class AdvantagesMixin:
                     return (ev, self.p.line(site))
         return None
 
-    def _runs(self, node, top, scope) -> bool:
-        """Every ``if`` between *node* and *top* is settled so that *node* runs."""
-        child = node
-        for anc in self.p.ancestors(node):
-            if anc is top:
-                return True
-            if isinstance(anc, cst.If):
-                t = anc.test
-                ev = self.p.ev_param(scope, t.value) if isinstance(t, cst.Name) and scope is not None and \
-                    t.value in scope.params else self.p.ev(t, scope)
-                if not isinstance(ev, Known):
-                    return False
-                if bool(ev.value) != any(x is child for x in walk(anc.body)):
-                    return False
-            child = anc
-        return True
-
     def _rows_of(self, rows, g, scope) -> bool:
         """``x.view(n_groups, G)`` with ``n_groups = len(x) // G`` (or ``N // G`` inline): the row count is
         the length divided by the group size, so each row is one group, as with ``view(-1, G)``."""
@@ -274,7 +257,7 @@ class AdvantagesMixin:
         runs (not under an ``if`` whose test is unknown or false: ``if normalize_by_std:``)."""
         for n in walk(func_node):
             if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Divide):
-                if not self._runs(n, func_node, scope):
+                if self.settled_runs(n, func_node, scope) is not True:
                     continue
                 divisor = [n.right]
                 for nm in walk(n.right):  # group_stds = g.std(dim=1); ... / (group_stds + eps)

@@ -129,6 +129,27 @@ class RecognizerBase:
         self.framework_records: list = []  # (name, Record) of framework config objects
 
     # ------------------------------------------------------------------ helpers
+    def settled_runs(self, stmt, body, info) -> Optional[bool]:
+        """True when *stmt* runs whenever *body* does (every ``if`` between them is settled its way, no
+        function definition between them), False when it does not, None when a test is known only at run time."""
+        child = stmt
+        for anc in self.p.ancestors(stmt):
+            if anc is body:
+                return True
+            if isinstance(anc, cst.If):
+                t = anc.test
+                ev = self.p.ev_param(info, t.value) if isinstance(t, cst.Name) and info is not None and \
+                    t.value in info.params else self.p.ev(t, info)
+                if not isinstance(ev, Known):
+                    return None
+                in_body = any(x is child for x in walk(anc.body))
+                if bool(ev.value) != in_body:
+                    return False
+            if isinstance(anc, cst.FunctionDef) and anc is not body:
+                return False
+            child = anc
+        return True
+
     def fname(self) -> str:
         return self.p.filename
 

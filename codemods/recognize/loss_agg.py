@@ -206,27 +206,6 @@ class LossAggMixin:
             star_arg=star, star_kwarg=ps.star_kwarg.with_changes(annotation=None) if ps.star_kwarg else None))
         return f.name, cst.Module([]).code_for_node(node)
 
-    def _branch_ok(self, stmt, body, info) -> Optional[bool]:
-        """True when *stmt* runs (its enclosing ``if`` tests are settled its way), False when it does not,
-        None when a test is known only at run time."""
-        child = stmt
-        for anc in self.p.ancestors(stmt):
-            if anc is body:
-                return True
-            if isinstance(anc, cst.If):
-                t = anc.test
-                ev = self.p.ev_param(info, t.value) if isinstance(t, cst.Name) and info is not None and \
-                    t.value in info.params else self.p.ev(t, info)
-                if not isinstance(ev, Known):
-                    return None
-                in_body = any(x is child for x in walk(anc.body))
-                if bool(ev.value) != in_body:
-                    return False
-            if isinstance(anc, cst.FunctionDef) and anc is not body:
-                return False
-            child = anc
-        return True
-
     def _agg_chain(self, start, xm, body, info, depth: int = 0, lines=None, names=None):
         """The statements from *start* to the ``backward()`` that receives the value (through returns),
         or None. Returns (code, x, mask, whether a token-count divisor was used)."""
@@ -251,7 +230,7 @@ class LossAggMixin:
                 reads |= set(_loads(s.target))
             if not first and not (reads & live):
                 continue
-            ok = self._branch_ok(s, body, info)
+            ok = self.settled_runs(s, body, info)
             if ok is False:
                 continue
             if ok is None and not first and _backward_of(s) is None and self._only_reads(s, body, info, live):
@@ -365,7 +344,7 @@ class LossAggMixin:
             return True
         if isinstance(s, cst.Return):
             return False
-        return self._branch_ok(s, body, info) is None and not (_stmt_targets(s) & live)
+        return self.settled_runs(s, body, info) is None and not (_stmt_targets(s) & live)
 
     def _agg_finish(self, lines, back, x, m, info):
         lines = lines + [f"__out = {back}"]
