@@ -40,7 +40,9 @@ skips all of this with a warning.
 from __future__ import annotations
 
 import io
+import os
 import pickle
+import struct
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -73,8 +75,21 @@ _ALLOWED_NAMES = {
 _TORCH_VALUE_TYPES = (torch.dtype, torch.layout, torch.memory_format)
 
 
-class RestrictedUnpickler(pickle.Unpickler):
-    """``pickle.Unpickler`` resolving only what a torch.distributed.checkpoint ``.metadata`` holds."""
+class RestrictedUnpickler(pickle._Unpickler):
+    """Unpickler resolving only what a torch.distributed.checkpoint ``.metadata`` holds.
+
+    The pure-Python unpickler, so that BUILD can be checked too: pickle's BUILD sets attributes on
+    whatever object is on the stack, and on an allowlisted *class* or *function* (``pathlib.PosixPath``,
+    ``Metadata``, ``torch.serialization._get_layout``) that would rewrite it for the whole process
+    (e.g. ``PosixPath.__truediv__``) even though the load is refused afterwards. BUILD is allowed
+    only on instances of the classes this unpickler resolved.
+    """
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._resolved: set = set()
 
     def find_class(self, module: str, name: str):
         if module == _DCP_METADATA_MODULE:
@@ -82,12 +97,26 @@ class RestrictedUnpickler(pickle.Unpickler):
 
             obj = getattr(md, name, None)
             if isinstance(obj, type) and obj.__module__ == _DCP_METADATA_MODULE:
+                self._resolved.add(obj)
                 return obj
         elif (module, name) in _ALLOWED_NAMES:
-            return super().find_class(module, name)
+            obj = super().find_class(module, name)
+            self._resolved.add(obj)
+            return obj
         elif module == "torch" and isinstance(getattr(torch, name, None), _TORCH_VALUE_TYPES):
             return getattr(torch, name)  # torch.float32, torch.strided, torch.contiguous_format, ...
         raise pickle.UnpicklingError(f"GLOBAL {module}.{name} is not allowed")
+
+    def load_build(self):
+        inst = self.stack[-2]  # below the state
+        if isinstance(inst, type) or type(inst) not in self._resolved:
+            what = inst if isinstance(inst, type) else type(inst)
+            raise pickle.UnpicklingError(
+                f"GLOBAL {getattr(what, '__module__', '?')}.{getattr(what, '__qualname__', '?')} "
+                "(a BUILD that sets attributes on it) is not allowed")
+        super().load_build()
+
+    dispatch[pickle.BUILD[0]] = load_build
 
 
 def read_metadata(path, *, trust: bool = False):
@@ -106,7 +135,7 @@ def read_metadata(path, *, trust: bool = False):
                 raise CheckpointError(refusal_message(path, str(exc))) from None
             raise CorruptCheckpointError(f"checkpoint file {path} is truncated or corrupted: {exc}") from None
         except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError, UnicodeDecodeError,
-                MemoryError, OverflowError) as exc:
+                MemoryError, OverflowError, struct.error, RecursionError) as exc:  # the pure-Python unpickler's errors
             raise CorruptCheckpointError(
                 f"checkpoint file {path} is truncated or corrupted: {type(exc).__name__}: {exc}") from None
     from torch.distributed.checkpoint.metadata import Metadata
@@ -114,7 +143,31 @@ def read_metadata(path, *, trust: bool = False):
     if not isinstance(md, Metadata):
         raise CorruptCheckpointError(f"checkpoint file {path} does not hold torch.distributed.checkpoint "
                                      f"Metadata (found {type(md).__name__})")
+    check_storage_paths(md, path)
     return md
+
+
+def check_storage_paths(md, path) -> None:
+    """Refuse a ``.metadata`` whose data files are not plain names inside the iteration directory.
+
+    torch's FileSystemReader opens ``<dir>/<relative_path>`` as written, so ``../../x`` or an absolute
+    path would read tensors from a file outside the checkpoint. torch / megatron-core write flat names
+    (``__0_0.distcp``).
+    """
+    storage = getattr(md, "storage_data", None)
+    if storage is None:
+        return
+    if not isinstance(storage, dict):
+        raise CorruptCheckpointError(f"checkpoint file {path} is corrupted: storage_data is a "
+                                     f"{type(storage).__name__}, not a dict")
+    for info in storage.values():
+        rel = getattr(info, "relative_path", None)
+        if not isinstance(rel, str) or not rel or rel in (".", "..") or "/" in rel or "\\" in rel \
+                or "\0" in rel or os.path.isabs(rel):
+            raise CheckpointError(
+                f"checkpoint file {path} names the data file {rel!r}, which is not a plain file name inside "
+                f"{path.parent}; torch_dist data files are plain names such as '__0_0.distcp'. Refused: it "
+                "would read data from outside the checkpoint.")
 
 
 def load_bytes_item(value: io.BytesIO, where: str):
