@@ -68,3 +68,155 @@ def test_metadata_data_file_outside_the_directory_is_refused(rel, tmp_path):
     with pytest.raises(CheckpointError) as exc:
         read_metadata(path)
     assert repr(rel) in str(exc.value) and "outside" in str(exc.value) and str(path) in str(exc.value)
+
+
+# ---- `verl-bridge convert` on malformed, hostile or unwritable input: exit 2, one paragraph, DST untouched
+
+import errno  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+
+import torch  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+
+LEGACY = "iter_0000000/mp_rank_00/model_optim_rng.pt"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from tests.arch.tiny_hf import make_tiny_hf
+    from verl_bridge.checkpoint.hf import import_hf
+
+    root = tmp_path_factory.mktemp("hostile")
+    make_tiny_hf("llama", root / "hf")
+    import_hf(root / "hf", root / "leg")
+    import_hf(root / "hf", root / "leg_tp2", tp=2)
+    return root
+
+
+def _convert(src, dst, to):
+    from verl_bridge.commands.convert import convert
+
+    r = CliRunner().invoke(convert, [str(src), str(dst), "--to", to])
+    assert isinstance(r.exception, SystemExit), f"raw exception: {r.exception!r}\n{r.output}"
+    assert "Traceback" not in r.output, r.output
+    return r
+
+
+def _edit_legacy(d, fn):
+    from verl_bridge.checkpoint.manifest import write_manifest
+
+    p = d / LEGACY
+    state = torch.load(p, weights_only=False)  # our own test file
+    torch.save(fn(state), p)
+    write_manifest(p.parent.parent)
+
+
+def _set_arg(name, value):
+    def fn(s):
+        setattr(s["args"], name, value)
+        return s
+    return fn
+
+
+def _first_qkv(value):
+    def fn(s):
+        s["model"][next(k for k in s["model"] if k.endswith("linear_qkv.weight"))] = value
+        return s
+    return fn
+
+
+MALFORMED = {
+    "args is None": (lambda s: {**s, "args": None}, "no Megatron-LM 'args'"),
+    "model is a list": (lambda s: {**s, "model": [1, 2]}, "no 'model' state dict"),
+    "num_layers is a string": (_set_arg("num_layers", "two"), "args.num_layers='two'"),
+    "num_attention_heads is 0": (_set_arg("num_attention_heads", 0), "args.num_attention_heads=0"),
+    "a weight is a string": (_first_qkv("hello"), "not tensors"),
+    "file holds a list": (lambda s: [s], "holds a list"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_convert_malformed_legacy_checkpoint_is_one_paragraph(case, tiny, tmp_path):
+    src = tmp_path / "leg"
+    shutil.copytree(tiny / "leg", src)
+    fn, words = MALFORMED[case]
+    _edit_legacy(src, fn)
+    r = _convert(src, tmp_path / "out", "hf")
+    assert r.exit_code == 2 and words in r.output and str(src / LEGACY) in r.output, r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_convert_missing_tp_rank_is_named(tiny, tmp_path):
+    from verl_bridge.checkpoint.manifest import write_manifest
+
+    src = tmp_path / "leg"
+    shutil.copytree(tiny / "leg_tp2", src)
+    shutil.rmtree(src / "iter_0000000" / "mp_rank_00")
+    write_manifest(src / "iter_0000000")
+    r = _convert(src, tmp_path / "out", "hf")
+    assert r.exit_code == 2 and "incomplete" in r.output and "mp_rank_00/model_optim_rng.pt" in r.output, r.output
+
+
+@pytest.mark.parametrize("entry", ["a string", "../../../../etc/hostname", "/etc/hostname"])
+def test_manifest_entries_that_are_not_files_inside_are_corruption(entry, tiny, tmp_path):
+    from verl_bridge.checkpoint.manifest import MANIFEST, verify_manifest
+    from verl_bridge.checkpoint.safe_load import CorruptCheckpointError
+
+    src = tmp_path / "leg"
+    shutil.copytree(tiny / "leg", src)
+    m = src / "iter_0000000" / MANIFEST
+    j = json.loads(m.read_text())
+    if entry == "a string":
+        j["files"] = {k: "x" for k in j["files"]}
+    else:
+        j["files"][entry] = {"size": 1, "sha256": "0" * 64}
+    m.write_text(json.dumps(j))
+    with pytest.raises(CorruptCheckpointError) as exc:
+        verify_manifest(src / "iter_0000000")
+    assert str(m) in str(exc.value)
+
+
+@pytest.mark.parametrize("index", [{"weight_map": {"w": "../outside.safetensors"}},
+                                   {"weight_map": {"w": "/tmp/outside.safetensors"}},
+                                   {"weight_map": [1]}, {}])
+def test_convert_safetensors_index_outside_or_malformed_is_refused(index, tiny, tmp_path):
+    src = tmp_path / "hf"
+    shutil.copytree(tiny / "hf", src)
+    os.replace(src / "model.safetensors", tmp_path / "outside.safetensors")
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    r = _convert(src, tmp_path / "out", "megatron")
+    assert r.exit_code == 2 and "model.safetensors.index.json" in r.output, r.output
+    assert ("outside" if "weight_map" in index and isinstance(index["weight_map"], dict) else "weight_map") in r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_convert_disk_full_while_importing_leaves_nothing(tiny, tmp_path, monkeypatch):
+    def fill_then_enospc(obj, f, *a, **k):
+        with open(f, "wb") as out:
+            out.write(b"\0" * 100)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(torch, "save", fill_then_enospc)
+    r = _convert(tiny / "hf", tmp_path / "out", "megatron")
+    assert r.exit_code == 2 and "no space left on device" in r.output, r.output
+    assert not (tmp_path / "out").exists(), sorted(map(str, (tmp_path / "out").rglob("*")))
+
+
+def test_convert_disk_full_while_exporting_keeps_the_old_dst(tiny, tmp_path, monkeypatch):
+    import safetensors.torch
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"old weights")
+
+    def enospc(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(safetensors.torch, "save_file", enospc)
+    r = _convert(tiny / "leg", out, "hf")
+    assert r.exit_code == 2 and "No space left on device" in r.output, r.output
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
+    assert (out / "model.safetensors").read_bytes() == b"old weights"
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]

@@ -138,6 +138,24 @@ def dims_from_hf(hf_dir_or_config, padded: Optional[int] = None) -> ModelDims:
     )
 
 
+def _index_files(index: Path) -> list[str]:
+    """The shard files a ``model.safetensors.index.json`` names; ValueError naming the problem for an
+    index that is not ``{"weight_map": {tensor: file}}`` or names a file outside its directory."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+    except (ValueError, UnicodeDecodeError, AttributeError) as exc:
+        raise ValueError(f"{index} is not a safetensors index (JSON with a \"weight_map\" object): {exc}") from None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{index} has no \"weight_map\" object mapping tensor names to shard files "
+                         "(as transformers' save_pretrained writes it)")
+    files = sorted(set(weight_map.values()), key=str)
+    for f in files:
+        if not isinstance(f, str) or not f or os.path.isabs(f) or ".." in f.replace("\\", "/").split("/"):
+            raise ValueError(f"{index} names the shard file {f!r}, which is not a file name inside {index.parent}; "
+                             "refused (it would read weights from outside the model directory)")
+    return files
+
+
 class SafetensorsDir(Mapping):
     """Read-only, lazy ``name -> tensor`` view of an HF safetensors directory (sharded or not)."""
 
@@ -147,8 +165,7 @@ class SafetensorsDir(Mapping):
         self.dir = Path(hf_dir)
         index = self.dir / "model.safetensors.index.json"
         if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = sorted(set(weight_map.values()))
+            files = _index_files(index)
         else:
             files = sorted(p.name for p in self.dir.glob("*.safetensors"))
         if not files:

@@ -44,7 +44,15 @@ from verl_bridge.arch.convert import (
 )
 from verl_bridge.arch.hf import SafetensorsDir, dims_from_hf, load_hf_config, save_safetensors_dir
 from verl_bridge.checkpoint.layout import LEGACY_FILE, iter_dir, rank_dir_name
-from verl_bridge.checkpoint.megatron import CHECKPOINT_VERSION, begin, latest_valid_iteration, publish, validate_iteration
+from verl_bridge.checkpoint.megatron import (
+    CHECKPOINT_VERSION,
+    _is_disk_full,
+    _tensor_bytes,
+    begin,
+    latest_valid_iteration,
+    publish,
+    validate_iteration,
+)
 from verl_bridge.checkpoint.safe_load import CheckpointError, safe_load
 from verl_bridge.checkpoint.torch_dist import is_torch_dist_dir
 
@@ -260,30 +268,53 @@ def import_hf(hf_dir, out_dir, *, tp: int = 1, pp: int = 1, fmt: str = "legacy",
         return _import_torch_dist(hf_dir, out_dir, args, meta, iteration, full)
     if fmt != "legacy":
         raise ValueError(f"checkpoint format {fmt!r} is not one of legacy, torch_dist")
+    fresh = not Path(out_dir).exists()
     tmp = begin(out_dir, iteration)
-    for pp_rank in range(pp):
-        names = stage_names(list(full), dims.num_layers, pp, pp_rank, dims.tie_embeddings)
-        last = pp_rank == pp - 1
-        if last and pp > 1 and dims.tie_embeddings:  # last stage keeps a copy of the tied embeddings
-            names["embedding.word_embeddings.weight#out"] = "output_layer.weight"
-        for tp_rank in range(tp):
-            for ep_rank in range(ep):
-                model = {}
-                for g, local in names.items():
-                    src = g.split("#")[0]
-                    if expert_index(src) is not None:
-                        owner, local = expert_local_name(local, dims.num_experts, ep)
-                        if owner != ep_rank:
-                            continue  # another EP rank's expert
-                    model[local] = shard_for_tp(src, full[src], tp, tp_rank, dims).clone()
-                for n in _extra_state_names(list(model), last):
-                    model[n] = None
-                state = {"model": model, "args": args, "checkpoint_version": CHECKPOINT_VERSION,
-                         "iteration": iteration, "verl_bridge": meta}
-                path = tmp / rank_dir_name(tp_rank, pp_rank, pp, ep_rank, ep) / LEGACY_FILE
-                path.parent.mkdir(parents=True, exist_ok=True)
-                torch.save(state, path)
+    try:
+        for pp_rank in range(pp):
+            names = stage_names(list(full), dims.num_layers, pp, pp_rank, dims.tie_embeddings)
+            last = pp_rank == pp - 1
+            if last and pp > 1 and dims.tie_embeddings:  # last stage keeps a copy of the tied embeddings
+                names["embedding.word_embeddings.weight#out"] = "output_layer.weight"
+            for tp_rank in range(tp):
+                for ep_rank in range(ep):
+                    model = {}
+                    for g, local in names.items():
+                        src = g.split("#")[0]
+                        if expert_index(src) is not None:
+                            owner, local = expert_local_name(local, dims.num_experts, ep)
+                            if owner != ep_rank:
+                                continue  # another EP rank's expert
+                        model[local] = shard_for_tp(src, full[src], tp, tp_rank, dims).clone()
+                    for n in _extra_state_names(list(model), last):
+                        model[n] = None
+                    state = {"model": model, "args": args, "checkpoint_version": CHECKPOINT_VERSION,
+                             "iteration": iteration, "verl_bridge": meta}
+                    path = tmp / rank_dir_name(tp_rank, pp_rank, pp, ep_rank, ep) / LEGACY_FILE
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    torch.save(state, path)
+    except BaseException as exc:
+        _discard(tmp, out_dir if fresh else None)
+        if isinstance(exc, Exception) and _is_disk_full(exc):
+            need = _tensor_bytes(full)
+            raise CheckpointError(f"no space left on device while writing {tmp}: the converted checkpoint needs "
+                                  f"about {need / 2**20:.1f} MiB. The partial output was removed and {out_dir} is "
+                                  "as it was; free space or choose a DST on a larger disk.") from None
+        raise
     return publish(out_dir, tmp, iteration)
+
+
+def _discard(tmp: Path, created: Optional[Path]) -> None:
+    """Remove a failed import's temporary directory (and *created*, the output directory this call
+    made, when nothing else is in it): a failed conversion leaves DST as it was."""
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    if created is not None:
+        try:
+            os.rmdir(created)
+        except OSError:
+            pass
 
 
 @contextmanager
@@ -371,7 +402,7 @@ def _rank_files_ep(d: Path) -> dict[tuple[int, int, int], Path]:
             names[(int(m.group(1)),) + tuple(int(x) for x in m.group(2).split("_")[1:])] = rd / LEGACY_FILE
     if not names:
         return {}
-    args = safe_load(names[min(names)]).get("args")
+    args = check_loaded_state(safe_load(names[min(names)]), names[min(names)])
     pp = getattr(args, "pipeline_model_parallel_size", 1) or 1
     ep = (getattr(args, "expert_model_parallel_size", 1) or 1) if getattr(args, "num_experts", None) else 1
     out = {}
@@ -383,6 +414,38 @@ def _rank_files_ep(d: Path) -> dict[tuple[int, int, int], Path]:
             raise CheckpointError(f"{path.parent.name}: unexpected rank directory for PP={pp}, EP={ep}")
         out[(key[0], p, e)] = path
     return out
+
+
+_ARG_INTS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size")
+
+
+def check_loaded_state(state, path, *, model: bool = True) -> argparse.Namespace:
+    """The ``args`` of a loaded checkpoint file (``model_optim_rng.pt`` / ``common.pt``) after checking
+    what conversion reads from it; :class:`CheckpointError` naming the file and the field otherwise."""
+    where = f"checkpoint file {path}"
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{where} holds a {type(state).__name__}, not the dict Megatron-LM saves")
+    args = state.get("args")
+    if not isinstance(args, argparse.Namespace):
+        raise CheckpointError(f"{where} has no Megatron-LM 'args' (found {type(args).__name__}); converting needs "
+                              "the model's shape from them (num_layers, hidden_size, ...)")
+    bad = [f"args.{k}={getattr(args, k, None)!r}" for k in _ARG_INTS
+           if not isinstance(getattr(args, k, None), int) or isinstance(getattr(args, k), bool) or getattr(args, k) < 1]
+    if bad:
+        raise CheckpointError(f"{where}: {', '.join(bad)}; each must be a positive integer")
+    if model:
+        weights = state.get("model")
+        if not isinstance(weights, dict):
+            raise CheckpointError(f"{where} has no 'model' state dict (found {type(weights).__name__})")
+        odd = [n for n, t in weights.items() if t is not None and not torch.is_tensor(t)
+               and not str(n).endswith("._extra_state")]
+        if odd:
+            raise CheckpointError(f"{where}: model entries {', '.join(map(repr, odd[:3]))} are "
+                                  f"{type(weights[odd[0]]).__name__}, not tensors")
+    meta = state.get("verl_bridge", {})
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{where}: the 'verl_bridge' entry is a {type(meta).__name__}, not a dict")
+    return args
 
 
 def read_full_megatron(src_dir, iteration=None) -> tuple[dict, argparse.Namespace, dict]:
@@ -401,7 +464,7 @@ def read_full_megatron(src_dir, iteration=None) -> tuple[dict, argparse.Namespac
 
         with world_of_one():
             common = load_common(d)
-            args = common["args"]
+            args = check_loaded_state(common, d / "common.pt", model=False)
             meta = common.get("verl_bridge", {})
             model = _full_tp1_model(args, meta.get("arch") or _arch_from_args(args))
             load(src_dir, iteration, model=model, validated=True, model_only=True)  # any TP x PP it was saved at
@@ -414,7 +477,15 @@ def read_full_megatron(src_dir, iteration=None) -> tuple[dict, argparse.Namespac
     tp = 1 + max(t for t, _, _ in files)
     pp = 1 + max(p for _, p, _ in files)
     ep = 1 + max(e for _, _, e in files)
+    missing = [rank_dir_name(t, p, pp, e, ep) for t in range(tp) for p in range(pp) for e in range(ep)
+               if (t, p, e) not in files]
+    if missing:
+        raise CheckpointError(f"{d} is incomplete: it has ranks up to TP={tp}, PP={pp}, EP={ep} but no "
+                              f"{', '.join(m + '/' + LEGACY_FILE for m in missing[:4])}"
+                              + (f" (and {len(missing) - 4} more)" if len(missing) > 4 else ""))
     states = {k: safe_load(v) for k, v in files.items()}
+    for k, v in files.items():
+        check_loaded_state(states[k], v)
     args = states[(0, 0, 0)]["args"]
     meta = states[(0, 0, 0)].get("verl_bridge", {})
     per_stage = args.num_layers // pp
@@ -432,7 +503,12 @@ def read_full_megatron(src_dir, iteration=None) -> tuple[dict, argparse.Namespac
                 if e > 0 and expert_index(local) is None:
                     continue  # replicated over EP ranks: taken from EP rank 0
                 g = to_global_name(local, p * per_stage, ep_rank=e, num_local_experts=n_local)
-                full[g] = merge_tp(g, [states[(t, p, e)]["model"][local] for t in range(tp)], gated)
+                parts = [states[(t, p, e)]["model"].get(local) for t in range(tp)]
+                if any(x is None for x in parts):
+                    t = next(t for t, x in enumerate(parts) if x is None)
+                    raise CheckpointError(f"checkpoint file {files[(t, p, e)]} lacks the tensor {local!r} "
+                                          f"that {files[(0, p, e)]} has (TP shards of different models?)")
+                full[g] = merge_tp(g, parts, gated)
     return full, args, meta
 
 

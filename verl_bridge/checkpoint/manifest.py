@@ -57,6 +57,12 @@ def write_manifest(d) -> Path:
     return d / MANIFEST
 
 
+def _inside(rel) -> bool:
+    """*rel* names a file inside the directory (relative, no ``..``), as :func:`write_manifest` writes."""
+    return isinstance(rel, str) and bool(rel) and "\0" not in rel and not os.path.isabs(rel) \
+        and ".." not in rel.replace("\\", "/").split("/")
+
+
 def verify_manifest(d) -> bool:
     """True when *d* has a manifest and every listed file matches it; False when it has none.
 
@@ -74,6 +80,11 @@ def verify_manifest(d) -> bool:
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise CorruptCheckpointError(f"checkpoint file {path} (checksum manifest) is corrupted: {exc}") from None
     for rel, want in files.items():
+        if not _inside(rel) or not isinstance(want, dict):
+            raise CorruptCheckpointError(
+                f"checkpoint file {path} (checksum manifest) is corrupted: entry {rel!r} "
+                + ("is not a path inside the iteration directory" if not _inside(rel) else
+                   f"is a {type(want).__name__}, not {{\"size\": ..., \"sha256\": ...}}"))
         f = d / rel
         if not f.is_file():
             raise CorruptCheckpointError(f"checkpoint file {f} is missing (listed in {MANIFEST})")

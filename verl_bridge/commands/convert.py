@@ -71,4 +71,15 @@ def _convert(src, dst, to, fmt, tp, pp, ep, iteration):
         raise BadInput(f"conversion of {src} failed: {exc}") from None
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as exc:
         raise click.ClickException(f"conversion of {src} failed: {exc}") from None
+    except OSError as exc:  # permissions, a full disk, ... (nothing half-written is left in DST)
+        raise BadInput(f"conversion of {src} failed: {exc.strerror or exc} ({exc.filename or dst}). "
+                       f"{dst} was left as it was.") from None
+    except Exception as exc:  # noqa: BLE001 - one paragraph, never a bare traceback (exit 2: internal error)
+        import os
+        import traceback
+
+        if os.environ.get("VERL_BRIDGE_DEBUG"):
+            traceback.print_exc()
+        raise BadInput(f"conversion of {src} failed: {type(exc).__name__}: {exc}. The input is not a checkpoint "
+                       "this command can read, or this is a bug: set VERL_BRIDGE_DEBUG=1 for the traceback.") from None
     return 0
