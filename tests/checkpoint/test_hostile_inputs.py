@@ -220,3 +220,25 @@ def test_convert_disk_full_while_exporting_keeps_the_old_dst(tiny, tmp_path, mon
     assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
     assert (out / "model.safetensors").read_bytes() == b"old weights"
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_numpy_object_array_is_a_refusal_not_corruption(tmp_path):
+    """An object ndarray (elements are arbitrary pickles) is refused as a type outside the allowlist,
+    not reported as 'truncated or corrupted' with torch's advice to retry with weights_only=False."""
+    import io
+
+    import numpy as np
+
+    from verl_bridge.checkpoint.safe_load import CorruptCheckpointError, safe_load
+    from verl_bridge.checkpoint.safe_torch_dist import load_bytes_item
+
+    path = tmp_path / "model_optim_rng.pt"
+    torch.save({"model": {}, "rng_state": [{"np_rng_state": np.array([1, "a"], dtype=object)}]}, path)
+    with pytest.raises(CheckpointError) as exc:
+        safe_load(path)
+    assert not isinstance(exc.value, CorruptCheckpointError), str(exc.value)
+    assert "ObjectDType" in str(exc.value) and "allowlist" in str(exc.value) and str(path) in str(exc.value)
+    buf = io.BytesIO(path.read_bytes())
+    with pytest.raises(CheckpointError) as exc:
+        load_bytes_item(buf, "x.distcp (byte item 'rng_state')")
+    assert not isinstance(exc.value, CorruptCheckpointError) and "ObjectDType" in str(exc.value)

@@ -66,10 +66,18 @@ def refusal_message(where, unpickler_message: str) -> str:
     """The refusal of a file that needs a type outside the allowlist (same words in every format)."""
     import re
 
-    found = re.search(r"GLOBAL\s+([\w.]+)", unpickler_message)
+    found = (re.search(r"GLOBAL\s+([\w.]+)", unpickler_message)
+             or re.search(r"but got <class '([\w.]+)'>", unpickler_message))
     what = found.group(1) if found else "an unknown type"
     return (f"checkpoint file {where} contains {what}, a type outside verl-bridge's safe-loading "
             "allowlist. If you trust this file, pass the type via extra_globals or load with trust=True.")
+
+
+def is_refusal(unpickler_message: str) -> bool:
+    """Whether torch's weights_only error is a type outside the allowlist (not damage): a GLOBAL it
+    would not resolve, or an object of a type it would not build (e.g. a numpy object array)."""
+    return any(w in unpickler_message for w in ("Unsupported global", "not an allowed global", "GLOBAL",
+                                                "Can only build", "Unsupported class"))
 
 
 def safe_load(path, *, extra_globals: Iterable = (), trust: bool = False, map_location="cpu"):
@@ -91,7 +99,7 @@ def safe_load(path, *, extra_globals: Iterable = (), trust: bool = False, map_lo
             return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         msg = str(exc)
-        if "Unsupported global" in msg or "not an allowed global" in msg or "GLOBAL" in msg:
+        if is_refusal(msg):
             raise CheckpointError(refusal_message(path, msg)) from None
         raise CorruptCheckpointError(f"checkpoint file {path} is truncated or corrupted: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - whatever a damaged zip/pickle raises (EOFError, BadZipFile, ...)

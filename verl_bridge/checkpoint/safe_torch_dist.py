@@ -52,6 +52,7 @@ import torch
 from verl_bridge.checkpoint.safe_load import (
     CheckpointError,
     CorruptCheckpointError,
+    is_refusal,
     refusal_message,
     safe_globals,
     safe_load,
@@ -177,7 +178,7 @@ def load_bytes_item(value: io.BytesIO, where: str):
             return torch.load(value, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         msg = str(exc)
-        if "Unsupported global" in msg or "not an allowed global" in msg or "GLOBAL" in msg:
+        if is_refusal(msg):
             raise CheckpointError(refusal_message(where, msg)) from None
         raise CorruptCheckpointError(f"checkpoint file {where} is truncated or corrupted: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - any decoding failure of a damaged item
