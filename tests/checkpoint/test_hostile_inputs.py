@@ -99,7 +99,7 @@ def _convert(src, dst, to):
     from verl_bridge.commands.convert import convert
 
     r = CliRunner().invoke(convert, [str(src), str(dst), "--to", to])
-    assert isinstance(r.exception, SystemExit), f"raw exception: {r.exception!r}\n{r.output}"
+    assert r.exception is None or isinstance(r.exception, SystemExit), f"raw exception: {r.exception!r}\n{r.output}"
     assert "Traceback" not in r.output, r.output
     return r
 
@@ -242,3 +242,26 @@ def test_numpy_object_array_is_a_refusal_not_corruption(tmp_path):
     with pytest.raises(CheckpointError) as exc:
         load_bytes_item(buf, "x.distcp (byte item 'rng_state')")
     assert not isinstance(exc.value, CorruptCheckpointError) and "ObjectDType" in str(exc.value)
+
+
+def test_export_into_a_dir_with_other_weights_is_refused_and_nothing_deleted(tiny, tmp_path):
+    """A re-export next to the shards + index of an earlier sharded save made a mixed directory in
+    which verl-bridge's own reader (the index wins) silently loaded the OLD weights."""
+    from safetensors.torch import save_file
+
+    out = tmp_path / "out"
+    out.mkdir()
+    save_file({"old": torch.zeros(2)}, str(out / "model-00001-of-00001.safetensors"))
+    index = json.dumps({"weight_map": {"old": "model-00001-of-00001.safetensors"}})
+    (out / "model.safetensors.index.json").write_text(index)
+    r = _convert(tiny / "leg", out, "hf")
+    assert r.exit_code == 2 and "already holds other weights" in r.output and "model.safetensors.index.json" in r.output
+    assert sorted(p.name for p in out.iterdir()) == ["model-00001-of-00001.safetensors", "model.safetensors.index.json"]
+    assert (out / "model.safetensors.index.json").read_text() == index
+
+
+def test_export_over_its_own_previous_export_still_works(tiny, tmp_path):
+    out = tmp_path / "out"
+    assert _convert(tiny / "leg", out, "hf").exit_code == 0
+    assert _convert(tiny / "leg", out, "hf").exit_code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]

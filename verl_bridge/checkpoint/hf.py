@@ -529,6 +529,7 @@ def _describe(args, vocab_size: int) -> dict:
 
 def export_hf(src_dir, out_dir, *, iteration=None, arch: Optional[str] = None, vocab_size: Optional[int] = None) -> Path:
     """Write a Megatron checkpoint (either layout, any TP/PP) as an HF safetensors dir + config.json."""
+    check_export_dst(out_dir)
     full, args, meta = read_full_megatron(src_dir, iteration)
     spec = get_arch(arch or meta.get("arch") or _arch_from_args(args))
     vocab = vocab_size or meta.get("vocab_size") or getattr(args, "vocab_size", None) or args.padded_vocab_size
@@ -541,6 +542,27 @@ def export_hf(src_dir, out_dir, *, iteration=None, arch: Optional[str] = None, v
     config = meta.get("hf_config") or spec.hf_config(_describe(args, vocab))
     _write_hf_dir(tensors, config, out_dir)
     return Path(out_dir)
+
+
+_EXPORT_FILES = ("model.safetensors", "config.json")
+
+
+def check_export_dst(out_dir) -> None:
+    """Refuse an export into a directory that holds other weights (shards of an earlier sharded save,
+    a ``model.safetensors.index.json``, ``.bin`` weights): next to them the new ``model.safetensors``
+    would make a directory whose readers disagree (an index wins in verl-bridge's reader, the single
+    file in transformers'), i.e. the old weights could be loaded silently. Nothing is deleted."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        return
+    other = sorted(p.name for p in out.iterdir()
+                   if p.name not in _EXPORT_FILES and (p.name.endswith((".safetensors", ".bin", ".pt", ".pth"))
+                                                       or p.name.endswith(".index.json")))
+    if other:
+        raise CheckpointError(
+            f"{out} already holds other weights ({', '.join(other[:4])}{', ...' if len(other) > 4 else ''}); "
+            "writing model.safetensors next to them would leave a directory whose readers load different "
+            "weights. Nothing was written or deleted: choose a new or empty output directory, or remove those files.")
 
 
 def _write_hf_dir(tensors: dict, config: dict, out_dir) -> None:
