@@ -265,3 +265,29 @@ def test_export_over_its_own_previous_export_still_works(tiny, tmp_path):
     assert _convert(tiny / "leg", out, "hf").exit_code == 0
     assert _convert(tiny / "leg", out, "hf").exit_code == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+
+
+@pytest.mark.parametrize("layers", [10**9, 3, 1])
+def test_convert_config_layer_count_that_the_weights_do_not_hold_is_refused_at_once(layers, tiny, tmp_path):
+    """num_hidden_layers=10**9 made convert enumerate (and try to build) a billion layers: a hang.
+    The two-layer weights are checked against the count before anything is built."""
+    src = tmp_path / "hf"
+    shutil.copytree(tiny / "hf", src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["num_hidden_layers"] = layers
+    (src / "config.json").write_text(json.dumps(cfg))
+    r = _convert(src, tmp_path / "out", "megatron")
+    assert r.exit_code == 2 and f"num_hidden_layers={layers}" in r.output and "layers 0..1" in r.output, r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_model_provider_refuses_more_layers_than_the_weights_hold(tiny, tmp_path):
+    from verl_bridge.arch import hf_model_provider
+
+    src = tmp_path / "hf"
+    shutil.copytree(tiny / "hf", src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["num_hidden_layers"] = 10**9
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="num_hidden_layers=1000000000"):
+        hf_model_provider(src)(True, True)

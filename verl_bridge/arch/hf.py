@@ -156,6 +156,33 @@ def _index_files(index: Path) -> list[str]:
     return files
 
 
+def raw_layer_count(config_path):
+    """``num_hidden_layers`` as written in a config.json (None when absent or unreadable: checked later)."""
+    try:
+        raw = json.loads(Path(config_path).read_bytes().decode("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return raw.get("num_hidden_layers") if isinstance(raw, dict) else None
+
+
+def check_layer_count(num_layers, names, config_path, *, exact: bool = True) -> None:
+    """ValueError unless the weights hold exactly layers ``0 .. num_layers - 1`` (``*.layers.<i>.*``):
+    checked before anything is built or converted, so a config.json with another count (or a hostile
+    10**9) is a clear error instead of a model built for it. ``exact=False``: only more layers than the
+    weights hold is an error (a model built from the first layers of a checkpoint stays possible)."""
+    import re
+
+    found = {int(m.group(1)) for n in names for m in [re.search(r"(?:^|\.)layers\.(\d+)\.", n)] if m}
+    if not found or num_layers is None:
+        return  # naming this check does not know, or no count written: the per-tensor checks apply
+    ok = isinstance(num_layers, int) and not isinstance(num_layers, bool) and 1 <= num_layers <= len(found) \
+        and all(i in found for i in range(num_layers)) and (not exact or num_layers == len(found))
+    if not ok:
+        have = f"layers 0..{max(found)}" if found == set(range(max(found) + 1)) else f"{len(found)} layer indices"
+        raise ValueError(f"{config_path} says num_hidden_layers={num_layers!r}, the weights hold {have}; "
+                         "use the config.json that was saved with these weights")
+
+
 class SafetensorsDir(Mapping):
     """Read-only, lazy ``name -> tensor`` view of an HF safetensors directory (sharded or not)."""
 
@@ -277,6 +304,9 @@ def hf_model_provider(hf_dir, *, load_weights: bool = True, **config_overrides) 
     """
 
     def model_provider(pre_process: bool = True, post_process: bool = True, **_ignored):
+        if load_weights:  # before transformers reads config.json: 10**9 layers would allocate per-layer lists
+            path = Path(hf_dir) / "config.json"
+            check_layer_count(raw_layer_count(path), SafetensorsDir(hf_dir), path, exact=False)
         tf, gpt, _ = hf_to_mcore_config(hf_dir)
         model = build_gpt_model(tf, gpt, pre_process=pre_process, post_process=post_process, **config_overrides)
         # the unpadded vocabulary: rollout never samples megatron's padding rows, export drops them

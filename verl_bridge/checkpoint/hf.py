@@ -42,7 +42,14 @@ from verl_bridge.arch.convert import (
     stage_names,
     to_global_name,
 )
-from verl_bridge.arch.hf import SafetensorsDir, dims_from_hf, load_hf_config, save_safetensors_dir
+from verl_bridge.arch.hf import (
+    SafetensorsDir,
+    check_layer_count,
+    dims_from_hf,
+    load_hf_config,
+    raw_layer_count,
+    save_safetensors_dir,
+)
 from verl_bridge.checkpoint.layout import LEGACY_FILE, iter_dir, rank_dir_name
 from verl_bridge.checkpoint.megatron import (
     CHECKPOINT_VERSION,
@@ -210,15 +217,19 @@ def read_hf_input(hf_dir):
         raise CheckpointError(f"{path} is not valid JSON ({exc}); it must be the config.json that "
                               "transformers' save_pretrained() writes. Nothing was written.") from None
     try:
-        hf = load_hf_config(hf_dir)
-    except Exception as exc:  # noqa: BLE001 - transformers' many config errors
-        raise CheckpointError(f"{path} is not a config transformers can read: {type(exc).__name__}: {exc}. "
-                              "Nothing was written.") from None
-    try:
         reader = SafetensorsDir(hf_dir)
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"the safetensors weights in {hf_dir} are truncated or not safetensors files "
                               f"({type(exc).__name__}: {exc}). Nothing was written.") from None
+    try:  # before transformers reads the config: a count of 10**9 layers would allocate per-layer lists
+        check_layer_count(raw_layer_count(path), reader, path)
+    except ValueError as exc:
+        raise CheckpointError(f"{exc}. Nothing was written.") from None
+    try:
+        hf = load_hf_config(hf_dir)
+    except Exception as exc:  # noqa: BLE001 - transformers' many config errors
+        raise CheckpointError(f"{path} is not a config transformers can read: {type(exc).__name__}: {exc}. "
+                              "Nothing was written.") from None
     return hf, reader
 
 
