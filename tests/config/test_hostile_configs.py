@@ -102,3 +102,14 @@ def test_legit_anchors_and_merge_keys_still_load(tmp_path):
                  "optim:\n  actor: &o {lr: 1.0e-3, clip_grad: 1.0}\n  critic:\n    <<: *o\n    lr: 3.0e-3\n")
     cfg = load_config(p)
     assert cfg.optim.critic.lr == 3e-3 and cfg.optim.critic.clip_grad == 1.0
+
+
+@pytest.mark.parametrize("tag", ["!!python/object/apply:os.system", "!!python/name:os.system",
+                                 "!!python/object/new:subprocess.Popen"])
+def test_python_tags_are_refused_naming_the_tag_and_what_is_allowed(tmp_path, tag):
+    marker = tmp_path / "pwned"
+    text = _base(tmp_path) + f"algorithm: {{name: {tag} [\"touch {marker}\"]}}\n"
+    out, _ = _train(tmp_path, text)
+    assert not marker.exists()
+    assert f"the YAML tag {tag.split(':')[0]}" in out and "is not allowed" in out and "plain YAML" in out, out
+    assert "syntax error" not in out
