@@ -291,3 +291,31 @@ def test_model_provider_refuses_more_layers_than_the_weights_hold(tiny, tmp_path
     (src / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="num_hidden_layers=1000000000"):
         hf_model_provider(src)(True, True)
+
+
+def test_resaving_an_iteration_never_leaves_it_missing(tmp_path, monkeypatch):
+    """Re-saving iteration 1 (a convert into the same DST, a stop-save of a step already saved):
+    a kill between "move the old one aside" and "rename the new one in" left no iter_0000001 at all
+    (the data sat in iter_0000001.tmp-old, which nothing reads). Simulated: every os.rename after the
+    first raises, as if the process died there."""
+    from verl_bridge.checkpoint import megatron as mckpt
+    from verl_bridge.checkpoint.megatron import load, save, validate_iteration
+
+    save(tmp_path, 1, {"model": {"w": torch.zeros(2)}})
+    tmp = mckpt.write(tmp_path, 1, {"model": {"w": torch.ones(2)}})
+    real, calls = os.rename, []
+
+    def dies_after_first(src, dst, *a, **k):
+        calls.append((src, dst))
+        if len(calls) > 1:
+            raise KeyboardInterrupt("killed between the renames")
+        return real(src, dst, *a, **k)
+
+    monkeypatch.setattr(os, "rename", dies_after_first)
+    try:
+        mckpt.publish(tmp_path, tmp, 1)
+    except KeyboardInterrupt:
+        pass
+    monkeypatch.undo()
+    validate_iteration(tmp_path, 1)
+    assert load(tmp_path, 1)["model"]["w"].tolist() in ([0.0, 0.0], [1.0, 1.0])

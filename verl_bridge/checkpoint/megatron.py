@@ -340,13 +340,16 @@ def publish(save_dir, tmp: Path, iteration, keep_last: Optional[int] = None, *, 
     fsync_tree(tmp)
     if final.is_symlink():
         final.unlink()
-    if final.exists():  # re-saving an iteration: move the old one aside first
-        old = final.with_name(final.name + TMP_MARK + "old")
-        if old.exists():
+    if final.exists():  # re-saving an iteration: swap in one step where the filesystem can
+        if _exchange(tmp, final):  # tmp now holds the old iteration; final the new one, never neither
+            shutil.rmtree(tmp)
+        else:  # no RENAME_EXCHANGE (e.g. NFS): move the old one aside first (a kill between leaves it there)
+            old = final.with_name(final.name + TMP_MARK + "old")
+            if old.exists():
+                shutil.rmtree(old)
+            os.rename(final, old)
+            os.rename(tmp, final)
             shutil.rmtree(old)
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old)
     else:
         os.rename(tmp, final)
     fsync_dir(save_dir)
@@ -356,6 +359,28 @@ def publish(save_dir, tmp: Path, iteration, keep_last: Optional[int] = None, *, 
         for old_iter in list_iterations(save_dir)[keep_last:]:
             shutil.rmtree(iter_dir(save_dir, old_iter), ignore_errors=True)
     return final
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two directories (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(str(a)), at_fdcwd, os.fsencode(str(b)), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    import errno
+
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
 
 
 def write_tracker(save_dir, iteration) -> None:
