@@ -319,3 +319,12 @@ def test_resaving_an_iteration_never_leaves_it_missing(tmp_path, monkeypatch):
     monkeypatch.undo()
     validate_iteration(tmp_path, 1)
     assert load(tmp_path, 1)["model"]["w"].tolist() in ([0.0, 0.0], [1.0, 1.0])
+
+
+def test_convert_tensor_that_contradicts_args_names_the_tensor(tiny, tmp_path):
+    src = tmp_path / "leg"
+    shutil.copytree(tiny / "leg", src)
+    _edit_legacy(src, _first_qkv(torch.zeros(3, 3)))
+    r = _convert(src, tmp_path / "out", "hf")
+    assert r.exit_code == 2 and "linear_qkv.weight of shape (3, 3)" in r.output and "Nothing was written" in r.output, r.output
+    assert not (tmp_path / "out").exists()

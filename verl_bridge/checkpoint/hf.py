@@ -548,7 +548,15 @@ def export_hf(src_dir, out_dir, *, iteration=None, arch: Optional[str] = None, v
     extras = meta.get("hf_extras") or {}
     tensors: dict = {}
     for name, t in full.items():
-        for hf_name, ht in mcore_to_hf(name, t, spec, dims, extras=extras):
+        try:
+            pairs = mcore_to_hf(name, t, spec, dims, extras=extras)
+        except (RuntimeError, ValueError, IndexError) as exc:  # a tensor that cannot be split as args say
+            raise CheckpointError(
+                f"the tensor {name} of shape {tuple(t.shape)} in {src_dir} does not fit the model its args describe "
+                f"(num_layers={args.num_layers}, hidden_size={args.hidden_size}, num_attention_heads="
+                f"{args.num_attention_heads}, num_query_groups={dims.num_query_groups}, ffn_hidden_size="
+                f"{args.ffn_hidden_size}): {exc}. Nothing was written.") from None
+        for hf_name, ht in pairs:
             tensors[hf_name] = ht
     config = meta.get("hf_config") or spec.hf_config(_describe(args, vocab))
     _write_hf_dir(tensors, config, out_dir)
