@@ -53,8 +53,8 @@ from verl_bridge.arch.hf import (
 from verl_bridge.checkpoint.layout import LEGACY_FILE, iter_dir, rank_dir_name
 from verl_bridge.checkpoint.megatron import (
     CHECKPOINT_VERSION,
-    _is_disk_full,
-    _tensor_bytes,
+    is_disk_full,
+    tensor_bytes,
     begin,
     latest_valid_iteration,
     publish,
@@ -306,8 +306,8 @@ def import_hf(hf_dir, out_dir, *, tp: int = 1, pp: int = 1, fmt: str = "legacy",
                     torch.save(state, path)
     except BaseException as exc:
         _discard(tmp, out_dir if fresh else None)
-        if isinstance(exc, Exception) and _is_disk_full(exc):
-            need = _tensor_bytes(full)
+        if isinstance(exc, Exception) and is_disk_full(exc):
+            need = tensor_bytes(full)
             raise CheckpointError(f"no space left on device while writing {tmp}: the converted checkpoint needs "
                                   f"about {need / 2**20:.1f} MiB. The partial output was removed and {out_dir} is "
                                   "as it was; free space or choose a DST on a larger disk.") from None

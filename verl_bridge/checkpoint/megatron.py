@@ -195,7 +195,7 @@ def _write_torch_dist(tmp: Path, state: dict, ranks: dict) -> None:
     dist_checkpointing.save(sharded, str(tmp), sharded_strategy=SyncTorchDistSaveStrategy())
 
 
-def _tensor_bytes(obj, seen=None) -> int:
+def tensor_bytes(obj, seen=None) -> int:
     """Bytes of the tensors reachable from *obj* (dicts, lists, tuples, modules' state dicts)."""
     if seen is None:
         seen = set()
@@ -208,13 +208,13 @@ def _tensor_bytes(obj, seen=None) -> int:
         seen.add(key)
         return obj.numel() * obj.element_size()
     if isinstance(obj, dict):
-        return sum(_tensor_bytes(v, seen) for v in obj.values())
+        return sum(tensor_bytes(v, seen) for v in obj.values())
     if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(v, seen) for v in obj)
+        return sum(tensor_bytes(v, seen) for v in obj)
     return 0
 
 
-def _is_disk_full(exc: BaseException) -> bool:
+def is_disk_full(exc: BaseException) -> bool:
     """ENOSPC, also as torch.save reports it for a path (``unexpected pos``: a short write)."""
     import errno
 
@@ -274,7 +274,7 @@ def write(save_dir, iteration: int, state: dict, *, fmt: str = "legacy") -> Path
         tmp.mkdir()
     _barrier()
     writes = fmt == "torch_dist" or ranks["writer_rank"] == 0
-    needed = _tensor_bytes({k: v for k, v in state.items() if k in ("model", "optimizer")}) + (1 << 20) if writes else 0
+    needed = tensor_bytes({k: v for k, v in state.items() if k in ("model", "optimizer")}) + (1 << 20) if writes else 0
     error = None
     try:
         free = shutil.disk_usage(tmp).free
@@ -285,7 +285,7 @@ def write(save_dir, iteration: int, state: dict, *, fmt: str = "legacy") -> Path
         else:
             _write_torch_dist(tmp, state, ranks)
     except Exception as exc:  # noqa: BLE001 - reported on every rank below
-        if _is_disk_full(exc):
+        if is_disk_full(exc):
             error = disk_full_message(tmp, needed, iteration)
         else:
             error = f"writing checkpoint iteration {iteration} to {tmp} failed: {type(exc).__name__}: {exc}"
