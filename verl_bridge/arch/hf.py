@@ -24,6 +24,7 @@ from verl_bridge.arch.convert import (
     to_global_name,
 )
 from verl_bridge.arch.registry import ArchSpec, get_arch
+from verl_bridge.checkpoint.layout import is_inside
 
 # TransformerConfig flags that keep megatron-core's local spec off CUDA-only fused paths.
 PORTABLE_FLAGS = dict(
@@ -150,7 +151,7 @@ def _index_files(index: Path) -> list[str]:
                          "(as transformers' save_pretrained writes it)")
     files = sorted(set(weight_map.values()), key=str)
     for f in files:
-        if not isinstance(f, str) or not f or os.path.isabs(f) or ".." in f.replace("\\", "/").split("/"):
+        if not is_inside(f):
             raise ValueError(f"{index} names the shard file {f!r}, which is not a file name inside {index.parent}; "
                              "refused (it would read weights from outside the model directory)")
     return files

@@ -53,11 +53,11 @@ from verl_bridge.arch.hf import (
 from verl_bridge.checkpoint.layout import LEGACY_FILE, iter_dir, rank_dir_name
 from verl_bridge.checkpoint.megatron import (
     CHECKPOINT_VERSION,
-    is_disk_full,
-    tensor_bytes,
     begin,
+    is_disk_full,
     latest_valid_iteration,
     publish,
+    tensor_bytes,
     validate_iteration,
 )
 from verl_bridge.checkpoint.safe_load import CheckpointError, safe_load

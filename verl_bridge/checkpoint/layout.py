@@ -65,6 +65,13 @@ def open_exclusive(path, mode: str = "w", **kwargs):
     return os.fdopen(fd, mode, **kwargs)
 
 
+def is_inside(rel) -> bool:
+    """*rel* is a non-empty relative path that stays inside its directory (no ``..`` part, not absolute,
+    no NUL): what a manifest or a safetensors index written by us or transformers names."""
+    return isinstance(rel, str) and bool(rel) and "\0" not in rel and not os.path.isabs(rel) \
+        and ".." not in rel.replace("\\", "/").split("/")
+
+
 def atomic_write_text(path, text: str) -> None:
     """Write *path* via a fresh temporary file and ``os.replace``: readers see the old or the new
     content, never a part; a symlink at *path* is replaced by the file, its target left untouched."""

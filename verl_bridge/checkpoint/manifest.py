@@ -21,7 +21,7 @@ import json
 import os
 from pathlib import Path
 
-from verl_bridge.checkpoint.layout import atomic_write_text
+from verl_bridge.checkpoint.layout import atomic_write_text, is_inside
 from verl_bridge.checkpoint.safe_load import CorruptCheckpointError
 
 MANIFEST = "verl_bridge_manifest.json"
@@ -57,12 +57,6 @@ def write_manifest(d) -> Path:
     return d / MANIFEST
 
 
-def _inside(rel) -> bool:
-    """*rel* names a file inside the directory (relative, no ``..``), as :func:`write_manifest` writes."""
-    return isinstance(rel, str) and bool(rel) and "\0" not in rel and not os.path.isabs(rel) \
-        and ".." not in rel.replace("\\", "/").split("/")
-
-
 def verify_manifest(d) -> bool:
     """True when *d* has a manifest and every listed file matches it; False when it has none.
 
@@ -80,10 +74,10 @@ def verify_manifest(d) -> bool:
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise CorruptCheckpointError(f"checkpoint file {path} (checksum manifest) is corrupted: {exc}") from None
     for rel, want in files.items():
-        if not _inside(rel) or not isinstance(want, dict):
+        if not is_inside(rel) or not isinstance(want, dict):
             raise CorruptCheckpointError(
                 f"checkpoint file {path} (checksum manifest) is corrupted: entry {rel!r} "
-                + ("is not a path inside the iteration directory" if not _inside(rel) else
+                + ("is not a path inside the iteration directory" if not is_inside(rel) else
                    f"is a {type(want).__name__}, not {{\"size\": ..., \"sha256\": ...}}"))
         f = d / rel
         if not f.is_file():
