@@ -281,23 +281,21 @@ def read_yaml(path: str) -> dict:
         data = safe_load(text)
     except YAMLRefused as exc:
         raise ConfigError([str(exc)], source=path) from None
-    except yaml.constructor.ConstructorError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        tag = re.search(r"for the tag '([^']+)'", getattr(exc, "problem", None) or "")
-        if tag is None:
-            raise ConfigError([f"YAML error at {where}: {getattr(exc, 'problem', None) or exc}"], source=path) from None
-        name = tag.group(1).replace("tag:yaml.org,2002:", "!!")
-        raise ConfigError([f"the YAML tag {name} at {where} is not allowed: a config is plain YAML (mappings, "
-                           "lists, strings, numbers, true/false, null); tags that build Python objects are "
-                           "never constructed. Write the value itself, or a 'module:function' string where a "
-                           "key takes one (model.actor.args.model_provider, model.reward.args.path)"],
-                          source=path) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError([f"YAML syntax error at {where}: {problem}"], source=path) from None
+        constructor = isinstance(exc, yaml.constructor.ConstructorError)
+        tag = re.search(r"for the tag '([^']+)'", problem) if constructor else None
+        if tag is not None:
+            name = tag.group(1).replace("tag:yaml.org,2002:", "!!")
+            raise ConfigError([f"the YAML tag {name} at {where} is not allowed: a config is plain YAML (mappings, "
+                               "lists, strings, numbers, true/false, null); tags that build Python objects are "
+                               "never constructed. Write the value itself, or a 'module:function' string where a "
+                               "key takes one (model.actor.args.model_provider, model.reward.args.path)"],
+                              source=path) from None
+        kind = "YAML error" if constructor else "YAML syntax error"
+        raise ConfigError([f"{kind} at {where}: {problem}"], source=path) from None
     except RecursionError:  # belt and braces: MAX_DEPTH refuses deep nesting first
         raise ConfigError([f"nesting too deep (over {MAX_DEPTH} levels)"], source=path) from None
     if data is None:
