@@ -1029,18 +1029,21 @@ class Program:
             return bool(ev.value)
         return None
 
-    def dead(self, node, scope) -> bool:
-        """*node* sits in a branch that the script's own values never take."""
+    def dead(self, node, scope, truth=None, stop=(cst.FunctionDef, cst.ClassDef)) -> bool:
+        """*node* sits in a branch that the script's own values never take: an enclosing ``if`` (up to the
+        first *stop* node) whose test is False for its body or True for its ``else``. *truth* evaluates a
+        test (True, False or None when unknown; :meth:`truth` by default)."""
+        truth = truth or self.truth
         child = node
         for anc in self.ancestors(node):
             if isinstance(anc, cst.If):
-                in_body = any(x is child for x in (anc.body,))
+                in_body = child is anc.body
                 in_else = anc.orelse is not None and child is anc.orelse
                 if in_body or in_else:
-                    t = self.truth(anc.test, scope)
+                    t = truth(anc.test, scope)
                     if t is not None and ((in_body and t is False) or (in_else and t is True)):
                         return True
-            if isinstance(anc, (cst.FunctionDef, cst.ClassDef)):
+            if isinstance(anc, stop):
                 return False
             child = anc
         return False

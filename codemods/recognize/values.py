@@ -351,20 +351,13 @@ class ValuesMixin:
 
     def statically_dead(self, node, scope) -> bool:
         """*node* sits in a branch that the values the script runs with never take (the ``if`` test
-        evaluates to a proven False, or to True for the ``else``). Unknown tests are live."""
-        child = node
-        for anc in self.p.ancestors(node):
-            if isinstance(anc, cst.If):
-                test = self.p.ev(anc.test, scope)
-                if isinstance(test, Known) and isinstance(test.value, bool):
-                    in_body = child is anc.body
-                    in_else = anc.orelse is not None and child is anc.orelse
-                    if (in_body and test.value is False) or (in_else and test.value is True):
-                        return True
-            if isinstance(anc, cst.FunctionDef):
-                return False
-            child = anc
-        return False
+        evaluates to a proven False, or to True for the ``else``). Unknown tests are live; only a test
+        that evaluates to a bool counts (:meth:`Program.dead` with the strict test)."""
+        def strict(test, sc):
+            ev = self.p.ev(test, sc)
+            return ev.value if isinstance(ev, Known) and isinstance(ev.value, bool) else None
+
+        return self.p.dead(node, scope, truth=strict, stop=(cst.FunctionDef,))
 
 
 def _draw_count(value, qn):
