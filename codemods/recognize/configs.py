@@ -77,9 +77,8 @@ class ConfigSitesMixin:
         sampler = kws.get("length_sampler")
         if sampler is not None and "data.max_response_length" not in self.a.config:
             self.length_sampler(sampler, call)
-        if "max_length" in kws and "max_new_tokens" not in kws and info is None and self._budget_over_prompt(call, kws):
-            pass
-        elif "max_length" in kws and "max_new_tokens" not in kws and info is None:
+        if "max_length" in kws and "max_new_tokens" not in kws and info is None and \
+                not self._budget_over_prompt(call, kws):  # max_length = budget + prompt length: emitted there
             self.a.warn(f"{self.loc(self.p.line(call))}: max_length counts prompt and response together; "
                         "data.max_response_length is left out")
 

@@ -449,12 +449,12 @@ class LoopsMixin:
                     bs = _kwarg(it, "batch_size")
                     if bs is not None:
                         out.append(("split", bs, scope))
-                elif isinstance(it, cst.Call) and self._generator_stride(it, scope) is not None:
+                elif isinstance(it, cst.Call) and (stride := self._generator_stride(it, scope)) is not None:
                     # for mb in make_microbatches(data, micro_size): a local generator slicing by a stride
-                    out.append(("split", self._generator_stride(it, scope), scope))
-                elif isinstance(it, cst.Name) and self._named_loader_bs(it, anc, scope) is not None:
+                    out.append(("split", stride, scope))
+                elif isinstance(it, cst.Name) and (bs := self._named_loader_bs(it, anc, scope)) is not None:
                     # sampler = DataLoader(buffer, batch_size=b, ...); for batch in sampler: ...
-                    out.append(("split", self._named_loader_bs(it, anc, scope), scope))
+                    out.append(("split", bs, scope))
                 else:
                     m = self.chunk_rows(it, scope)  # batches.py: blocks of m rows of x.reshape(A, m, ...)
                     if m is not None:
