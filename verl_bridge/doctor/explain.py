@@ -338,8 +338,7 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
             match.fix += ("\n# if it still fails at ~0.9 the model does not fit: tensor_parallel_size > 1, a smaller or "
                           "quantized model, or free the GPU of other processes (nvidia-smi)")
     elif match.id == "megatron-legacy-layout" and g.get("top") in _LEGACY_MOVED:
-        match.fix = ("git clone -b core_r0.5.0 https://github.com/NVIDIA/Megatron-LM && export "
-                     "PYTHONPATH=$PWD/Megatron-LM:$PYTHONPATH  # the last branch with this layout (core_r0.6.0 moved it "
+        match.fix = (_OLD_LAYOUT_CHECKOUT + "  # the last branch with this layout (core_r0.6.0 moved it "
                      f"to {_LEGACY_MOVED[g['top']]}); better: the Megatron-LM the importing project pins (README, "
                      "requirements or a git submodule: git submodule update --init --recursive)\n"
                      "# or port the imports to the current layout")
@@ -353,8 +352,8 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
         match.cause += f"; `from megatron import {g['name']}` is the Megatron-LM API before core_r0.6.0 (April 2024)"
         match.fix = (f"your own code: import it as `from megatron.training import {g['name']}` with a current Megatron-LM "
                      "checkout on PYTHONPATH\n"
-                     "# a package's code (the frame above the error, e.g. accelerate): it needs the old layout: git clone -b "
-                     "core_r0.5.0 https://github.com/NVIDIA/Megatron-LM && export PYTHONPATH=$PWD/Megatron-LM:$PYTHONPATH")
+                     "# a package's code (the frame above the error, e.g. accelerate): it needs the old layout: "
+                     + _OLD_LAYOUT_CHECKOUT)
     elif match.id == "megatron-training-missing":
         mod = g.get("mod", "megatron.training")
         top = ".".join(mod.split(".")[:2])
@@ -362,8 +361,7 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
         if part in _LEGACY_MOVED:
             match.cause += (f"; `{top}` is also the layout before core_r0.6.0 (April 2024): current Megatron-LM has it as {_LEGACY_MOVED[part]}, "
                             "so the code needs the Megatron-LM release it was written for")
-            match.fix = ("git clone -b core_r0.5.0 https://github.com/NVIDIA/Megatron-LM && export "
-                         "PYTHONPATH=$PWD/Megatron-LM:$PYTHONPATH  # core_r0.5.0 still has the old layout; better: the "
+            match.fix = (_OLD_LAYOUT_CHECKOUT + "  # core_r0.5.0 still has the old layout; better: the "
                          "Megatron-LM release the project pins (README, requirements or git submodule)")
             return
         rels = history.module_releases(top)
@@ -529,6 +527,10 @@ def _enrich(match: Match, text: str, torch_cxx11_abi: bool | None, facts: Facts)
 _GCC_FOR_GLIBCXX = {"GLIBCXX_3.4.25": "8", "GLIBCXX_3.4.26": "9", "GLIBCXX_3.4.27": "9.2", "GLIBCXX_3.4.28": "9.3",
                     "GLIBCXX_3.4.29": "11", "GLIBCXX_3.4.30": "12", "GLIBCXX_3.4.31": "13", "GLIBCXX_3.4.32": "13.2",
                     "GLIBCXX_3.4.33": "14"}
+
+# the last Megatron-LM branch with the old layout, on PYTHONPATH (printed by the old-layout fixes)
+_OLD_LAYOUT_CHECKOUT = ("git clone -b core_r0.5.0 https://github.com/NVIDIA/Megatron-LM && export "
+                        "PYTHONPATH=$PWD/Megatron-LM:$PYTHONPATH")
 
 # Megatron-LM modules of the layout up to core_r0.5.0 and where core_r0.6.0 on keeps them (checked in the branches)
 _LEGACY_MOVED = {"model": "megatron.legacy.model", "optimizer": "megatron.core.optimizer",

@@ -115,11 +115,9 @@ class Finding:
         """The release to pin: the newest one that has it, when the installed one has not."""
         if not self.releases:
             return None
-        if not self.installed:  # nothing installed to stay close to: the newest release that has it
-            return self.releases[-1]
-        if self.installed and env.vcmp(self.releases[-1], self.installed) < 0:
-            return self.releases[-1]
-        later = [r for r in self.releases if not self.installed or env.vcmp(r, self.installed) > 0]
+        if not self.installed or env.vcmp(self.releases[-1], self.installed) < 0:
+            return self.releases[-1]  # nothing installed to stay close to, or only older releases have it
+        later = [r for r in self.releases if env.vcmp(r, self.installed) > 0]
         return later[0] if later else self.releases[-1]
 
 
