@@ -105,7 +105,13 @@ def _collective(exc: BaseException) -> str:
             caller = next((c for c in reversed(frames[:i]) if "/torch/" not in c.filename.replace(os.sep, "/")),
                           None)
     if op is None:
-        return "a collective"
+        # an async collective's handle.wait() (megatron's TP linear backward waits on its dgrad all-reduce
+        # this way): torch's frames are gone, the waiting line outside torch says where
+        outside = [f for f in frames if "/torch/" not in f.filename.replace(os.sep, "/")]
+        if not outside:
+            return "a collective"
+        caller = outside[-1]
+        op = "wait() on an async collective" if ".wait(" in (caller.line or "") else "a collective"
     where = ""
     if caller is not None:
         path = caller.filename.replace(os.sep, "/")
