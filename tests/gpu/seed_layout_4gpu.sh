@@ -33,7 +33,7 @@ mkdir -p "$WORK"
   model.actor.args.model_name_or_path="$WORK/opt" model.critic.args.model_name_or_path="$WORK/opt" \
   data.task=repeat data.train_files=null data.max_prompt_length=8 data.max_response_length=4 \
   data.rollout_batch_size=64 trainer.total_steps="$STEPS" trainer.save_every=0 trainer.progress_bar=false \
-  optim.actor.lr=1e-3 optim.critic.lr=3e-3 algorithm.ppo_epochs=4 algorithm.kl.coef=0.001 algorithm.kl.target=null \
+  optim.actor.lr=1e-3 optim.critic.lr=3e-3 algorithm.ppo_epochs=4 algorithm.kl.coef=0.001 algorithm.kl.target=null algorithm.micro_batch_size=16 \
   trainer.output_dir="$WORK/seed" 2>&1 | tee "$WORK/seed.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "seed_layout_4gpu: the seed layout run failed"; exit 2; }
 
