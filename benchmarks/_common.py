@@ -50,6 +50,20 @@ def timed(fn, dev, repeat: int = 1) -> float:
     return best
 
 
+# data-sheet HBM bandwidth of the GPUs these benchmarks ran on (bytes/s), by a substring of
+# torch.cuda.get_device_name(): the roofline's "spec" line; others get only the measured-copy line
+SPEC_BANDWIDTH = (("H200", 4.8e12), ("H100 80GB HBM3", 3.35e12), ("H100 NVL", 3.9e12), ("H100 PCIe", 2.0e12),
+                  ("A100-SXM4-80GB", 2.039e12), ("A100 80GB PCIe", 1.935e12))
+
+
+def spec_bandwidth(dev: torch.device) -> float | None:
+    """The data-sheet memory bandwidth of ``dev`` (bytes/s), or None for a GPU not in SPEC_BANDWIDTH."""
+    if dev.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(dev)
+    return next((bw for key, bw in SPEC_BANDWIDTH if key in name), None)
+
+
 def copy_bandwidth(dev: torch.device, nbytes: int) -> float:
     """Bytes copied per second by one device-to-device ``copy_`` of ``nbytes`` (each byte counted once)."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=dev)

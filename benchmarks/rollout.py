@@ -11,7 +11,8 @@ with ``cache_implementation="static"`` (which compiles the decode step). ``ratio
 tokens/s / the faster HF mode. Then ``rl_sizes``: the same engine at RL batch sizes (256 and 512
 rows, 1024 new tokens; ``--rl-sizes``) with HF static beside it and the fraction of the bandwidth
 roofline (:func:`roofline`: weights read once per step plus the KV slots each row attends, against
-the H200's 4.8 TB/s data-sheet HBM bandwidth and against twice the measured copy rate). A correctness check compares the fast decoder's prefill logits with
+the GPU's data-sheet HBM bandwidth (``_common.SPEC_BANDWIDTH``: H200 4.8 TB/s, H100 SXM 3.35 TB/s) and
+against twice the measured copy rate). A correctness check compares the fast decoder's prefill logits with
 the megatron module forward on the same batch. ``--early-eos B:R:MEAN`` adds rows that end at many
 lengths (:func:`early_eos`): compaction of finished rows on and off, and the compiled decoder.
 ``--small`` (default on CPU) shrinks everything.
@@ -70,9 +71,12 @@ def rl_size(mc, hf, shape, dev, dtype, B: int, P: int, R: int, compile: bool) ->
            "compiled": compile,
            "engine_path": "fast" if engine.fast is not None else "module"}
     if dev.type == "cuda":
-        spec = 4.8e12  # H200 HBM3e, NVIDIA's data sheet
+        spec = C.spec_bandwidth(dev)  # the data sheet's HBM bandwidth (H200 4.8 TB/s, H100 SXM 3.35 TB/s)
         copy = C.copy_bandwidth(dev, 1 << 30)
-        for label, bw in (("spec_4.8TBps", spec), ("measured_copy_traffic", 2 * copy)):
+        lines = [("measured_copy_traffic", 2 * copy)]
+        if spec is not None:
+            lines.insert(0, (f"spec_{spec / 1e12:g}TBps", spec))
+        for label, bw in lines:
             lim = roofline(shape, B, P, R, dtype, bw)
             out[f"roofline_{label}"] = lim
             out[f"fraction_of_roofline_{label}"] = out["native_tokens_per_s"] / lim["tokens_per_s_limit"]
