@@ -97,24 +97,23 @@ def is_timeout(exc: BaseException) -> bool:
 def _collective(exc: BaseException) -> str:
     """``all_reduce (called from megatron/core/tensor_parallel/mappings.py:_reduce)`` from the traceback."""
     frames = traceback.extract_tb(exc.__traceback__)
-    op, caller = None, None
-    for i, f in enumerate(frames):
-        if op is None and f.filename.replace(os.sep, "/").endswith("torch/distributed/distributed_c10d.py"):
-            op = f.name
-            # the nearest frame outside torch (torch's own wrappers, e.g. c10d_logger, say nothing)
-            caller = next((c for c in reversed(frames[:i]) if "/torch/" not in c.filename.replace(os.sep, "/")),
-                          None)
-    if op is None:
+    paths = [f.filename.replace(os.sep, "/") for f in frames]
+    outside = [i for i, p in enumerate(paths) if "/torch/" not in p]  # frames outside torch, outermost first
+    c10d = next((i for i, p in enumerate(paths) if p.endswith("torch/distributed/distributed_c10d.py")), None)
+    if c10d is not None:
+        op = frames[c10d].name
+        # the nearest frame outside torch above it (torch's own wrappers, e.g. c10d_logger, say nothing)
+        at = next((i for i in reversed(outside) if i < c10d), None)
+    elif outside:
         # an async collective's handle.wait() (megatron's TP linear backward waits on its dgrad all-reduce
         # this way): torch's frames are gone, the waiting line outside torch says where
-        outside = [f for f in frames if "/torch/" not in f.filename.replace(os.sep, "/")]
-        if not outside:
-            return "a collective"
-        caller = outside[-1]
-        op = "wait() on an async collective" if ".wait(" in (caller.line or "") else "a collective"
+        at = outside[-1]
+        op = "wait() on an async collective" if ".wait(" in (frames[at].line or "") else "a collective"
+    else:
+        return "a collective"
     where = ""
-    if caller is not None:
-        path = caller.filename.replace(os.sep, "/")
+    if at is not None:
+        path, caller = paths[at], frames[at]
         for root in ("verl_bridge/", "megatron/"):
             if root in path:
                 path = root + path.split(root, 1)[1]
