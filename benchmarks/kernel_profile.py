@@ -146,8 +146,9 @@ def profile_decodes(sizes, shape, small, dtype, dev, workdir) -> list:
 
 
 # ---------------------------------------------------------------------------------------------- update
-def _update_child(model_dir: str, small: bool, dynamic: bool, out: str, workdir: str) -> None:
-    """One trainer (rl_step's workload), 3 steps; the last step's actor update runs under the profiler."""
+def _update_child(model_dir: str, small: bool, dynamic: bool, out: str, workdir: str, eager_layers: bool = False) -> None:
+    """One trainer (rl_step's workload), 4 steps; the last step's actor update runs under the profiler
+    (the first three unprofiled: the first includes torch.compile of the layers)."""
     from benchmarks import rl_step
     import verl_bridge.runtime.trainer as T
 
@@ -159,7 +160,7 @@ def _update_child(model_dir: str, small: bool, dynamic: bool, out: str, workdir:
     def timed_update(exp, state, spec, step):
         calls["n"] += 1
         C.sync(dev)
-        if calls["n"] < 3:
+        if calls["n"] < 4:
             t0 = time.perf_counter()
             res = real_update(exp, state, spec, step)
             C.sync(dev)
@@ -175,9 +176,10 @@ def _update_child(model_dir: str, small: bool, dynamic: bool, out: str, workdir:
         return res
 
     T.update = timed_update
-    rl_step.run_ours(model_dir, small, steps=3, compile_decode=False,
-                     extra={"trainer": {"args": {"use_dynamic_bsz": True, "max_tokens_per_micro_batch": 1 << 16}}}
-                     if dynamic else None)
+    args = {"compile_layers": False} if eager_layers else {}
+    if dynamic:
+        args.update(use_dynamic_bsz=True, max_tokens_per_micro_batch=1 << 16)
+    rl_step.run_ours(model_dir, small, steps=4, compile_decode=False, extra={"trainer": {"args": args}})
     Path(out).write_text(json.dumps(record))
 
 
@@ -195,10 +197,13 @@ def profile_update(shape, small: bool, dev, workdir: str) -> dict:
     n_matmul = L * (h * (h + 2 * kv) + h * h + 3 * h * ffn) + V * h
     peak = C.matmul_tflops(dev, 8192) if dev.type == "cuda" else None
     res = {"matmul_peak_tflops": peak, "flops_formula": "6*N*T + 12*L*h*S*T over the real (unpadded) tokens"}
-    for label, dynamic in (("micro_batch_16_rows", False), ("token_budget_one_micro_batch", True)):
+    # the trainer's default (trainer.args.compile_layers auto: compiled on CUDA) in two batchings, and the
+    # token-budget batching with eager layers (what the update cost before compile_layers)
+    for label, dynamic, eager in (("micro_batch_16_rows", False, False), ("token_budget_one_micro_batch", True, False),
+                                  ("token_budget_eager_layers", True, True)):
         out = Path(model_dir) / f"{label}.json"
         cmd = [sys.executable, __file__, "--update-child", label, "--model-dir", model_dir, "--out", str(out),
-               "--workdir", workdir] + (["--small"] if small else []) + (["--dynamic"] if dynamic else [])
+               "--workdir", workdir] + (["--small"] if small else []) + (["--dynamic"] if dynamic else []) + (["--eager-layers"] if eager else [])
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])})
         if proc.returncode != 0:
@@ -227,11 +232,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--workdir", help=argparse.SUPPRESS)
     ap.add_argument("--dynamic", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--eager-layers", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     dev = C.device()
     small = args.small or dev.type == "cpu"
     if args.update_child:
-        _update_child(args.model_dir, small, args.dynamic, args.out, args.workdir)
+        _update_child(args.model_dir, small, args.dynamic, args.out, args.workdir, args.eager_layers)
         return 0
     shape = C.QWEN2_TINY if small else C.QWEN2_05B
     dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16

@@ -98,7 +98,7 @@ def test_kernel_profile_runs(tmp_path):
     out = _run("kernel_profile", tmp_path)
     dec, upd = out["results"]["decode"], out["results"]["update"]
     assert dec and all("error" not in d and _finite_positive(d["tokens_per_s"]) for d in dec), dec
-    for label in ("micro_batch_16_rows", "token_budget_one_micro_batch"):
+    for label in ("micro_batch_16_rows", "token_budget_one_micro_batch", "token_budget_eager_layers"):
         u = upd[label]
         assert "error" not in u, u.get("error")
         assert u["real_tokens"] == u["tokens"] > 0 and _finite_positive(u["update_wall_s"])

@@ -294,7 +294,14 @@ class MegatronBridge:
             from verl_bridge.compat.sequence_parallel import check_sequence_parallel_norms
 
             check_sequence_parallel_norms(model, _hook_name(fn))
-            return make_cpu_safe(model.to(device))
+            model = make_cpu_safe(model.to(device))
+            from verl_bridge.models.compile import compile_layers
+
+            n, why = compile_layers(model, cfg.trainer.args.compile_layers, device, self.layout.tp_size)
+            if why not in said and (n or cfg.trainer.args.compile_layers is not None):
+                _info_rank0(why)
+                said.append(why)
+            return model
 
         return build
 

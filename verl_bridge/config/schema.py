@@ -41,6 +41,9 @@ class TrainerArgs:
     # algorithm.micro_batch_size is then unused
     use_dynamic_bsz: bool = False
     max_tokens_per_micro_batch: Optional[int] = None  # real tokens (prompt + response) per micro-batch
+    # torch.compile each megatron TransformerLayer (one shared graph; verl_bridge/models/compile.py):
+    # null = auto (CUDA, the portable spec, dense, TP=1), true = any layers (CPU too), false = never
+    compile_layers: Optional[bool] = None
 
 
 @dataclass(kw_only=True)
