@@ -84,6 +84,22 @@ def test_auto_compiles_the_portable_spec_on_cuda_at_tp1_only():
     init_model_parallel(1, 1)
     model = _model()
     cuda = torch.device("cuda")  # a device name only: nothing runs on it
+    assert "hidden_size=32 < 512" in auto_reason(model, cuda, 1)
+    import verl_bridge.models.compile as mc
+
+    mc.AUTO_MIN_HIDDEN, was = 32, mc.AUTO_MIN_HIDDEN
+    try:
+        _auto_cases(model, cuda)
+    finally:
+        mc.AUTO_MIN_HIDDEN = was
+
+
+def _auto_cases(model, cuda):
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from verl_bridge.models.compile import auto_reason, compile_layers
+
     assert auto_reason(model, cuda, 1) is None
     assert "not on CUDA" in auto_reason(model, torch.device("cpu"), 1)
     assert "tensor_model_parallel_size=2" in auto_reason(model, cuda, 2)

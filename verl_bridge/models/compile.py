@@ -16,7 +16,8 @@ unchanged, and every model computes with its own weights (they are graph inputs,
 per-token shapes and Python bookkeeping would only recompile.
 
 When (``None``, the default, is *auto*): on CUDA, for layers built from verl-bridge's portable spec
-(:class:`verl_bridge.models.spec.SDPAttention` core attention), dense, at TP=1 -- the case measured by
+(:class:`verl_bridge.models.spec.SDPAttention` core attention), dense, hidden size >= 512, at TP=1 -- the
+case measured by
 ``benchmarks/kernel_profile.py``. ``true`` compiles any megatron ``TransformerLayer`` (CPU too: the
 CPU tests use it); ``false`` never.
 
@@ -33,6 +34,8 @@ from typing import Optional
 
 import torch
 
+# auto leaves smaller models eager (the tiny quickstart model would spend longer compiling than training)
+AUTO_MIN_HIDDEN = 512
 _SUBCLASSES: dict[type, type] = {}
 _COMPILED_FORWARD: dict[type, object] = {}
 
@@ -61,6 +64,9 @@ def auto_reason(model: torch.nn.Module, device: torch.device, tp_size: int) -> O
             return f"{type(core).__name__} core attention (auto compiles verl-bridge's portable spec)"
         if getattr(layer.config, "num_moe_experts", None):
             return "mixture of experts (token routing has data-dependent shapes)"
+    hidden = layers[0].config.hidden_size
+    if hidden < AUTO_MIN_HIDDEN:
+        return f"hidden_size={hidden} < {AUTO_MIN_HIDDEN}: too small for fusion to repay the compile time"
     return None
 
 
