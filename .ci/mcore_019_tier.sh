@@ -33,6 +33,8 @@ TESTS=(
   tests/layout        # PP over gloo through megatron's schedules, SP norms, replicas, the stock local spec
   tests/runtime/test_fast_decode.py tests/runtime/test_fused_log_probs.py  # decoder vs module forward, the draw,
                       # compaction, memory passes; TP=1 log-probs without fp32 logits
+  tests/runtime/test_decode_attention.py tests/runtime/test_compile_layers.py  # the Triton decode-attention kernel
+                      # under TRITON_INTERPRET (this venv's CUDA torch ships triton); compiled layers == eager
 )
 # run whatever their markers: the CPU proofs issue 29 names
 EXTRA_TESTS=(

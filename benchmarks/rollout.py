@@ -59,8 +59,9 @@ def roofline(shape: dict, B: int, P: int, R: int, dtype: torch.dtype, bytes_per_
             "decode_bytes_total": total, "tokens_per_s_limit": tokens / (total / bytes_per_s)}
 
 
-def rl_size(mc, hf, shape, dev, dtype, B: int, P: int, R: int, compile: bool) -> dict:
-    """Native tokens/s at an RL batch (``B`` rows, ``R`` new tokens) against the bandwidth roofline."""
+def rl_size(mc, hf, shape, dev, dtype, B: int, P: int, R: int, compile: bool, sdpa_too: bool = False) -> dict:
+    """Native tokens/s at an RL batch (``B`` rows, ``R`` new tokens) against the bandwidth roofline;
+    ``sdpa_too``: also the same engine with SDPA as its decode attention instead of the Triton kernel."""
     from verl_bridge.rollout.native import NativeEngine
 
     plist, sp = C.random_workload(shape["vocab_size"], B, P, R, seed=B)
@@ -69,7 +70,15 @@ def rl_size(mc, hf, shape, dev, dtype, B: int, P: int, R: int, compile: bool) ->
     t = C.timed(lambda: engine.generate(plist, sp, seed=1), dev, repeat=2)
     out = {"batch": B, "prompt_len": P, "new_tokens": R, "native_tokens_per_s": B * R / t,
            "compiled": compile,
-           "engine_path": "fast" if engine.fast is not None else "module"}
+           "engine_path": "fast" if engine.fast is not None else "module",
+           "decode_attention": engine.fast.decoder.attention if engine.fast is not None else None}
+    if sdpa_too and engine.fast is not None and engine.fast.decoder.attention != "sdpa":
+        del engine
+        other = NativeEngine(mc, dev, compile=compile, attention="sdpa")
+        other.generate(plist, sp, seed=0)
+        ts = C.timed(lambda: other.generate(plist, sp, seed=1), dev, repeat=2)
+        out["native_tokens_per_s_sdpa_attention"] = B * R / ts
+        engine = other
     if dev.type == "cuda":
         spec = C.spec_bandwidth(dev)  # the data sheet's HBM bandwidth (H200 4.8 TB/s, H100 SXM 3.35 TB/s)
         copy = C.copy_bandwidth(dev, 1 << 30)
@@ -267,11 +276,18 @@ def main(argv=None) -> int:
 
         try:
             comp = FastEngine(mc, dev, compile=True)
+            results["decode_attention"] = comp.decoder.attention
             comp.generate(plist, sp, seed=0)  # compile + capture
             tc = C.timed(lambda: comp.generate(plist, sp, seed=1), dev, repeat=3)
             results["native_compiled_graph_tokens_per_s"] = B * R / tc
             best_native = max(best_native, B * R / tc)
             del comp
+            if results["decode_attention"] != "sdpa":  # the same, with SDPA as the decode attention
+                comp = FastEngine(mc, dev, compile=True, attention="sdpa")
+                comp.generate(plist, sp, seed=0)
+                ts = C.timed(lambda: comp.generate(plist, sp, seed=1), dev, repeat=3)
+                results["native_compiled_graph_sdpa_attention_tokens_per_s"] = B * R / ts
+                del comp
         except Exception as e:  # noqa: BLE001 - record, don't hide
             results["native_compiled_error"] = f"{type(e).__name__}: {e}"[:300]
     results["native_tokens_per_s"] = best_native
@@ -300,7 +316,7 @@ def main(argv=None) -> int:
     sizes = [] if args.rl_sizes == "none" else [
         int(x) for x in (args.rl_sizes or ("8" if small else "256,512")).split(",") if x]
     results["rl_sizes"] = [rl_size(mc, None if args.skip_static else hf, shape, dev, dtype, b, P,
-                                   32 if small else 1024, compile=not small)
+                                   32 if small else 1024, compile=not small, sdpa_too=b == max(sizes))
                            for b in sizes]
     if early is not None:
         results["early_eos"] = early_eos(mc, shape, dev, *early, P=P)

@@ -26,6 +26,7 @@ top-k / top-p filtering happens before it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -134,10 +135,12 @@ class _Layer:
 class FastDecoder:
     """Prefill + static-KV-cache decode on a GPTModel's live parameters; CUDA graphs on GPU."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, attention: str = "auto"):
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(f"FastDecoder cannot run this model: {reason}")
+        if attention not in ("auto", "triton", "sdpa"):
+            raise ValueError(f"FastDecoder: attention={attention!r}; auto, triton or sdpa")
         self.model = unwrap(model)
         c = self.model.config
         self.kind = c.normalization
@@ -159,6 +162,16 @@ class FastDecoder:
             self.inv_freq = self.model.rotary_pos_emb.inv_freq.float().to(dev)
             half = self.inv_freq.numel()
             self.rot_sign = torch.cat([-torch.ones(half, device=dev), torch.ones(half, device=dev)])
+        # decode-step attention: the Triton GQA kernel (rollout/decode_attention.py) on CUDA where it can
+        # run, else SDPA; VERL_BRIDGE_DECODE_ATTENTION=sdpa turns the kernel off
+        from verl_bridge.rollout.decode_attention import triton_reason
+
+        self.attention_reason = triton_reason(self._output_weight().device, self.head_dim, self.rep)
+        if attention == "auto" and os.environ.get("VERL_BRIDGE_DECODE_ATTENTION", "").lower() == "sdpa":
+            self.attention_reason = "VERL_BRIDGE_DECODE_ATTENTION=sdpa"
+        if attention == "triton" and self.attention_reason:
+            raise ValueError(f"FastDecoder: the Triton decode attention cannot run here: {self.attention_reason}")
+        self.attention = "sdpa" if attention == "sdpa" or self.attention_reason else "triton"
 
     # ------------------------------------------------------------------ weights (views, no copies)
     def _layers(self) -> list[_Layer]:
@@ -273,9 +286,13 @@ class FastDecoder:
             cos, sin = self._cos_sin(write_idx.expand(B), x.dtype)  # [B, hd]
             sin = sin * self.rot_sign.to(sin.dtype)
             cos, sin = cos[:, None, None, :], sin[:, None, None, :]
-        # additive mask built once per step in the activation dtype (no per-layer bool conversion)
-        mask = torch.zeros(key_valid.shape, dtype=x.dtype, device=x.device).masked_fill(
-            ~key_valid, float("-inf"))[:, None, None, :]  # [B, 1, 1, L]
+        if self.attention == "triton":
+            from verl_bridge.rollout.decode_attention import decode_attention_op
+
+            attend = decode_attention_op()
+        else:  # additive mask built once per step in the activation dtype (no per-layer bool conversion)
+            mask = torch.zeros(key_valid.shape, dtype=x.dtype, device=x.device).masked_fill(
+                ~key_valid, float("-inf"))[:, None, None, :]  # [B, 1, 1, L]
         idx = write_idx.view(1)
         half = hd // 2
         for i, L in enumerate(self._layers()):
@@ -286,7 +303,11 @@ class FastDecoder:
                 qk = torch.addcmul(qk * cos, torch.roll(qk, half, dims=-1), sin)
             cache_k[i].index_copy_(2, idx, qk[:, :, r:])
             cache_v[i].index_copy_(2, idx, qkv[:, :, r + 1:])
-            o = F.scaled_dot_product_attention(qk[:, :, :r], cache_k[i], cache_v[i], attn_mask=mask, scale=self.scale)
+            if self.attention == "triton":
+                o = attend(qk[:, :, :r], cache_k[i], cache_v[i], key_valid, self.scale)
+            else:
+                o = F.scaled_dot_product_attention(qk[:, :, :r], cache_k[i], cache_v[i], attn_mask=mask,
+                                                   scale=self.scale)
             x = x + F.linear(o.reshape(B, 1, G * r * hd), L.proj_w, L.proj_b)
             x = self._mlp(L, x)
         return self._logits(x)[:, 0]
@@ -441,8 +462,9 @@ class FastEngine:
 
     def __init__(self, model: torch.nn.Module, device: torch.device, use_cuda_graphs: Optional[bool] = None,
                  pad_to: int = 16, compile: bool = False, compile_sampler: Optional[bool] = None,
-                 memory_fraction: Optional[float] = None, kv_budget_bytes: Optional[int] = None):
-        self.decoder = FastDecoder(model)
+                 memory_fraction: Optional[float] = None, kv_budget_bytes: Optional[int] = None,
+                 attention: str = "auto"):
+        self.decoder = FastDecoder(model, attention=attention)
         # the memory plan (rows_per_pass): a batch whose KV cache and step buffers do not fit the budget
         # is generated in equal passes that do. Budget: kv_budget_bytes, else memory_fraction
         # (rollout.gpu_memory_utilization) of the device memory free when a shape is first generated

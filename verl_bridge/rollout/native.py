@@ -37,10 +37,13 @@ class NativeEngine:
     ``compile`` (``rollout.compile_decode``): compile the fast decoder's step with ``torch.compile``
     before graph capture (1.7x faster decode on an H200 in ``benchmarks/rollout.py``; the first
     generation of each shape pays the compilation).
+    ``attention``: the fast decoder's decode-step attention, ``auto`` (the Triton GQA kernel of
+    :mod:`verl_bridge.rollout.decode_attention` on CUDA, else SDPA), ``triton`` or ``sdpa``.
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, fast: bool | None = None,
-                 compile: bool = False, decode: str = "auto", memory_fraction: float | None = None):
+                 compile: bool = False, decode: str = "auto", memory_fraction: float | None = None,
+                 attention: str = "auto"):
         self.model = model
         self.device = device
         self.fast = None
@@ -59,7 +62,7 @@ class NativeEngine:
         elif decode == "auto" and device.type != "cuda" and self.fast_reason is None:
             self.fast_reason = "CPU (rollout.decode: auto uses the fast decoder on CUDA; fast forces it here too)"
         if self.fast_reason is None:
-            self.fast = FastEngine(model, device, compile=compile, memory_fraction=memory_fraction)
+            self.fast = FastEngine(model, device, compile=compile, memory_fraction=memory_fraction, attention=attention)
         self.path = "fast" if self.fast is not None else "module"
         # algorithm.moe_routing_replay: record each MoE layer's expert choices (runtime/routing_replay.py)
         self.record_routing = False
