@@ -151,6 +151,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--runs", type=int, default=1,
                     help="repeat ours and TRL this many times (fresh processes) and report each run's ratio")
+    ap.add_argument("--sides", default=None,
+                    help="comma-separated subset of ours,ours_compiled,trl (default: all three on CUDA; ours,trl on CPU)")
     ap.add_argument("--child", choices=["ours", "ours_compiled", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -184,7 +186,13 @@ def main(argv=None) -> int:
         return json.loads(out.read_text()), time.perf_counter() - t0
 
     # ours with the trainer's defaults, then with rollout.compile_decode (CUDA only), then TRL
-    for side in ("ours", "ours_compiled", "trl") if dev.type == "cuda" else ("ours", "trl"):
+    sides = ("ours", "ours_compiled", "trl") if dev.type == "cuda" else ("ours", "trl")
+    if args.sides:
+        bad = [x for x in args.sides.split(",") if x not in ("ours", "ours_compiled", "trl")]
+        if bad or "ours" not in args.sides.split(","):
+            ap.error(f"--sides {args.sides!r}: a comma-separated subset of ours,ours_compiled,trl that includes ours")
+        sides = tuple(x for x in sides if x in args.sides.split(","))
+    for side in sides:
         res, info = run_side(side)
         if res is None:
             (baseline if side == "trl" else results)[

@@ -33,6 +33,10 @@ PROBE = textwrap.dedent("""
         ref = F.scaled_dot_product_attention(q, ck, cv, attn_mask=valid[:, None, None, :], scale=0.125)
         assert out.shape == ref.shape and out.dtype == q.dtype
         worst = max(worst, (out - ref).abs().max().item())
+        # the decoder's call: whole cache buffers and the attended length (no sliced views)
+        whole = gqa_decode_attention(q, ck.as_strided((B, G, Lfull, hd), ck.stride()), cv.as_strided((B, G, Lfull, hd), cv.stride()),
+                                     valid_full, 0.125, block_n=16, splits=splits, length=L)
+        worst = max(worst, (whole - ref).abs().max().item())
     print("WORST", worst)
 """)
 

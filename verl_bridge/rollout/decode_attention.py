@@ -123,13 +123,17 @@ def _splits(rows_groups: int, length: int, block: int, device: torch.device) -> 
 
 
 def gqa_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor,
-                         scale: float, block_n: int = 64, splits: Optional[int] = None) -> torch.Tensor:
+                         scale: float, block_n: int = 64, splits: Optional[int] = None,
+                         length: Optional[int] = None, num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
     """Attention of one decode step: q [B, G, r, hd], k/v [B, G, L, hd] (the cache, any strides with a
-    contiguous last dim), key_valid [B, L] bool (True = may attend). Returns [B, G, r, hd] in q's dtype,
-    equal to ``scaled_dot_product_attention(q, k, v, attn_mask=key_valid[:, None, None], scale=scale)``."""
+    contiguous last dim), key_valid [B, L] bool (True = may attend); only the first ``length`` slots
+    (default ``L``) are read. Returns [B, G, r, hd] in q's dtype, equal to
+    ``scaled_dot_product_attention(q, k[:, :, :length], v[:, :, :length], attn_mask=key_valid[:, None, None, :length], scale=scale)``."""
     B, G, R, HD = q.shape
-    L = k.shape[2]
-    assert k.shape == v.shape == (B, G, L, HD) and key_valid.shape == (B, L), (q.shape, k.shape, key_valid.shape)
+    assert k.shape == v.shape and k.shape[:2] == (B, G) and k.shape[3] == HD, (q.shape, k.shape, v.shape)
+    assert key_valid.shape == (B, k.shape[2]), (key_valid.shape, k.shape)
+    L = k.shape[2] if length is None else int(length)
+    assert 0 < L <= k.shape[2], (L, k.shape)
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 and key_valid.stride(-1) == 1
     r_pad = max(16, 1 << (R - 1).bit_length())
     S = splits or _splits(B * G, L, block_n, q.device)
@@ -145,7 +149,7 @@ def gqa_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_
         v.stride(0), v.stride(1), v.stride(2), valid.stride(0),
         part.stride(0), part.stride(1), part.stride(2), part.stride(3),
         lse.stride(0), lse.stride(1), lse.stride(2),
-        R_PAD=r_pad, HD=HD, BLOCK_N=block_n, num_warps=4, num_stages=3)
+        R_PAD=r_pad, HD=HD, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
     out = torch.empty(B, G, R, HD, device=q.device, dtype=q.dtype)
     _merge_kernel[(B * G,)](
         part, lse, out, S, G, R,
@@ -166,12 +170,12 @@ def decode_attention_op():
     global _OP
     if _OP is None:
         @torch.library.custom_op("verl_bridge::gqa_decode_attention", mutates_args=())
-        def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor,
+        def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor, length: int,
                scale: float) -> torch.Tensor:
-            return gqa_decode_attention(q, k, v, key_valid, scale)
+            return gqa_decode_attention(q, k, v, key_valid, scale, length=length)
 
         @op.register_fake
-        def _(q, k, v, key_valid, scale):
+        def _(q, k, v, key_valid, length, scale):
             return q.new_empty(q.shape)
 
         _OP = op

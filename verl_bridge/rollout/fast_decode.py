@@ -269,15 +269,21 @@ class FastDecoder:
             x = self._mlp(L, x)
         return self._logits(x[:, -1:] if last_only else x)
 
-    def forward_decode(self, tok, abs_pos, write_idx, key_valid, cache_k, cache_v):
+    def forward_decode(self, tok, abs_pos, write_idx, key_valid, cache_k, cache_v, length: Optional[int] = None):
         """One token per row at cache slot ``write_idx`` (0-dim long tensor); returns logits [B, V].
+        Attends over the first ``length`` cache slots (default: all); ``key_valid`` [B, L] and the caches
+        [B, G, L, hd] are the whole buffers (the Triton kernel takes them whole with ``length``: a
+        slice would be a non-contiguous view that inductor copies before a custom op, the whole KV cache
+        per step).
 
         Kept to few kernels per layer (what a CUDA graph replays): one fused norm, the QKV GEMM,
-        RoPE on q and k together, two cache writes, one SDPA call in which a group's ``r`` query
-        heads play the role of ``r`` query positions against that group's keys (GQA without
-        repeating K/V), the output GEMM, and the MLP.
+        RoPE on q and k together, two cache writes, one attention call (the Triton GQA kernel of
+        :mod:`verl_bridge.rollout.decode_attention`, or SDPA in which a group's ``r`` query heads play
+        the role of ``r`` query positions against that group's keys: GQA without repeating K/V), the
+        output GEMM, and the MLP.
         """
         B = tok.shape[0]
+        n = key_valid.shape[1] if length is None else length
         G, r, hd = self.num_groups, self.rep, self.head_dim
         x = self._embed(tok[:, None], abs_pos[:, None])
         cos = sin = None
@@ -291,8 +297,8 @@ class FastDecoder:
 
             attend = decode_attention_op()
         else:  # additive mask built once per step in the activation dtype (no per-layer bool conversion)
-            mask = torch.zeros(key_valid.shape, dtype=x.dtype, device=x.device).masked_fill(
-                ~key_valid, float("-inf"))[:, None, None, :]  # [B, 1, 1, L]
+            mask = torch.zeros((B, n), dtype=x.dtype, device=x.device).masked_fill(
+                ~key_valid[:, :n], float("-inf"))[:, None, None, :]  # [B, 1, 1, n]
         idx = write_idx.view(1)
         half = hd // 2
         for i, L in enumerate(self._layers()):
@@ -304,19 +310,19 @@ class FastDecoder:
             cache_k[i].index_copy_(2, idx, qk[:, :, r:])
             cache_v[i].index_copy_(2, idx, qkv[:, :, r + 1:])
             if self.attention == "triton":
-                o = attend(qk[:, :, :r], cache_k[i], cache_v[i], key_valid, self.scale)
+                o = attend(qk[:, :, :r], cache_k[i], cache_v[i], key_valid, n, self.scale)
             else:
-                o = F.scaled_dot_product_attention(qk[:, :, :r], cache_k[i], cache_v[i], attn_mask=mask,
-                                                   scale=self.scale)
+                o = F.scaled_dot_product_attention(qk[:, :, :r], cache_k[i][:, :, :n], cache_v[i][:, :, :n],
+                                                   attn_mask=mask, scale=self.scale)
             x = x + F.linear(o.reshape(B, 1, G * r * hd), L.proj_w, L.proj_b)
             x = self._mlp(L, x)
         return self._logits(x)[:, 0]
 
-    def decode_and_sample(self, tok, abs_pos, write_idx, key_valid, cache_k, cache_v, done,
+    def decode_and_sample(self, tok, abs_pos, write_idx, key_valid, cache_k, cache_v, length: int, done,
                           temperature: float, top_p: float, top_k: int, pad_token_id: int):
         """One whole decode step (all layers, then the draw of :func:`sample_step`): what
         ``compile_decode`` compiles as one graph, so the logits' fp32 cast fuses into the draw."""
-        logits = self.forward_decode(tok, abs_pos, write_idx, key_valid, cache_k, cache_v)
+        logits = self.forward_decode(tok, abs_pos, write_idx, key_valid, cache_k, cache_v, length)
         return sample_step(logits, done, temperature, top_p, top_k, pad_token_id)
 
 
@@ -510,8 +516,7 @@ class FastEngine:
     def _step(self, st: _State, params: SamplingParams, gen, length: int):
         """One decode step attending over the first ``length`` cache slots (see :func:`attended_lengths`)."""
         st.key_valid.index_fill_(1, st.write_idx.view(1), True)
-        args = (st.tok, st.abs_pos, st.write_idx, st.key_valid[:, :length],
-                [c[:, :, :length] for c in st.cache_k], [c[:, :, :length] for c in st.cache_v])
+        args = (st.tok, st.abs_pos, st.write_idx, st.key_valid, st.cache_k, st.cache_v, length)
         if self._whole_step is not None and gen is None:
             tok, lp = self._whole_step(*args, st.done, params.temperature, params.top_p,
                                        params.top_k, params.pad_token_id)
