@@ -110,6 +110,37 @@ def _auto_cases(model, cuda):
     assert "DotProductAttention core attention" in auto_reason(local, cuda, 1)
 
 
+def test_a_failing_compiler_falls_back_to_eager_once_with_the_reason(monkeypatch, caplog):
+    import verl_bridge.models.compile as mc
+    from verl_bridge.distributed import init_model_parallel
+
+    init_model_parallel(1, 1)
+    for name, fresh in (("_SUBCLASSES", {}), ("_COMPILED_FORWARD", {}), ("_WORKED", set()), ("_GAVE_UP", {})):
+        monkeypatch.setattr(mc, name, fresh)
+    calls = []
+
+    def broken_compile(fn, **_):
+        def run(*a, **k):
+            calls.append(1)
+            raise RuntimeError("InductorError: no working C compiler\nsecond line")
+        return run
+
+    monkeypatch.setattr(mc.torch, "compile", broken_compile)
+    eager, comp = _model(), _model()
+    comp.load_state_dict(eager.state_dict())
+    assert mc.compile_layers(comp, True, torch.device("cpu"))[0] == 3
+    ids = torch.randint(1, 32, (2, 9), generator=torch.Generator().manual_seed(0))
+    with caplog.at_level("WARNING", logger="verl_bridge.models.compile"):
+        lo_e, gr_e = _fwd_bwd(eager, ids)
+        lo_c, gr_c = _fwd_bwd(comp, ids)
+        _fwd_bwd(comp, ids)
+    assert torch.equal(lo_e, lo_c) and all(torch.equal(g, gr_c[n]) for n, g in gr_e.items())
+    assert len(calls) == 1  # tried once; every later call (other layers, later steps) runs eager
+    warned = [r.getMessage() for r in caplog.records if "compile_layers" in r.getMessage()]
+    assert len(warned) == 1 and "no working C compiler" in warned[0] and "compile_layers: false" in warned[0]
+    assert "second line" not in warned[0]
+
+
 @pytest.mark.parametrize("value, ok", [("true", True), ("false", True), ("null", True), ("sometimes", False)])
 def test_compile_layers_config_key(value, ok):
     from verl_bridge.config import load_config

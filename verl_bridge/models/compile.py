@@ -13,7 +13,8 @@ original ``forward`` (the same mechanism as :mod:`verl_bridge.compat.cpu`), so `
 ``isinstance`` checks and the parameters read in place (the fast decoder, the weight exporter) are
 unchanged, and every model computes with its own weights (they are graph inputs, not constants). A forward with a KV cache
 (``inference_context`` / ``inference_params``: megatron's module decode path) runs eager: its
-per-token shapes and Python bookkeeping would only recompile.
+per-token shapes and Python bookkeeping would only recompile. If the first compiled call fails (a
+machine without a working compiler toolchain), the layers run eager with one warning naming why.
 
 When (``None``, the default, is *auto*): on CUDA, for layers built from verl-bridge's portable spec
 (:class:`verl_bridge.models.spec.SDPAttention` core attention), dense, hidden size >= 512, at TP=1 -- the
@@ -38,6 +39,8 @@ import torch
 AUTO_MIN_HIDDEN = 512
 _SUBCLASSES: dict[type, type] = {}
 _COMPILED_FORWARD: dict[type, object] = {}
+_WORKED: set = set()  # layer classes whose compiled forward ran once
+_GAVE_UP: dict[type, str] = {}  # layer classes whose compilation failed: why (they run eager)
 
 
 def transformer_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -86,13 +89,35 @@ def _compiled_forward(base: type):
     return fn
 
 
+def _give_up(base: type, exc: BaseException) -> None:
+    reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    _GAVE_UP[base] = reason
+    import logging
+
+    logging.getLogger(__name__).warning(
+        "compile_layers: torch.compile of %s failed (%s); its layers run eager. Set "
+        "trainer.args.compile_layers: false to skip the attempt", base.__name__, reason)
+
+
 def _subclass(base: type) -> type:
     sub = _SUBCLASSES.get(base)
     if sub is None:
         def forward(self, *args, **kwargs):
-            if kwargs.get("inference_context") is not None or kwargs.get("inference_params") is not None:
+            if (kwargs.get("inference_context") is not None or kwargs.get("inference_params") is not None
+                    or base in _GAVE_UP):
                 return base.forward(self, *args, **kwargs)
-            return _compiled_forward(base)(self, *args, **kwargs)
+            if base in _WORKED:
+                return _compiled_forward(base)(self, *args, **kwargs)
+            # the first call compiles: a machine whose compiler toolchain fails (no Triton for this GPU,
+            # no C compiler, ...) runs the layers eager, saying so once, instead of ending the run; a
+            # genuine error in the layer raises again from the eager call
+            try:
+                out = _compiled_forward(base)(self, *args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - re-raised by the eager call if it is not the compiler's
+                _give_up(base, exc)
+                return base.forward(self, *args, **kwargs)
+            _WORKED.add(base)
+            return out
 
         sub = _SUBCLASSES[base] = type(f"{base.__name__}_compiled", (base,), {"forward": forward,
                                                                              "_verl_compiled_from": base})
