@@ -52,6 +52,14 @@ DECODER = textwrap.dedent("""
     seed_everything(0)
     model = tiny_model_provider(ModelArgs(num_query_groups=2), 16, 64)(True, True).eval()  # GQA, head_dim 16
     assert FastDecoder(model).attention == "triton"                  # auto picks the kernel where it runs
+    import verl_bridge.rollout.decode_attention as da
+    real = da.gqa_decode_attention
+    da._CHECKED.clear()
+    da.gqa_decode_attention = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("PassManager::run failed"))
+    dec = FastDecoder(model)                                         # a kernel that cannot build: SDPA, with why
+    assert dec.attention == "sdpa" and "PassManager::run failed" in dec.attention_reason, dec.attention_reason
+    da.gqa_decode_attention, da._CHECKED = real, {}
+    assert FastDecoder(model).attention == "triton"
     ids = torch.randint(2, 16, (3, 12), generator=torch.Generator().manual_seed(1))
     a = FastDecoder(model, attention="triton").teacher_forced_logits(ids, 6)
     b = FastDecoder(model, attention="sdpa").teacher_forced_logits(ids, 6)

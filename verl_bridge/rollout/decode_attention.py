@@ -161,6 +161,32 @@ def gqa_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_
 
 
 _OP = None
+_CHECKED: dict = {}
+
+
+def self_check(device: torch.device, dtype: torch.dtype, groups: int, rep: int, head_dim: int) -> Optional[str]:
+    """Run the kernel once on a small problem of the decoder's shape and dtype against SDPA: ``None`` when
+    it compiles and agrees, else why not (a GPU whose Triton cannot build it, e.g. bf16 ``tl.dot`` before
+    sm80). Once per process and shape; the decoder then keeps SDPA, saying why."""
+    key = (str(device), dtype, groups, rep, head_dim)
+    if key not in _CHECKED:
+        try:
+            g = torch.Generator(device=device).manual_seed(0)
+            B, L = 2, 80
+            q = torch.randn(B, groups, rep, head_dim, device=device, dtype=dtype, generator=g)
+            k = torch.randn(B, groups, L, head_dim, device=device, dtype=dtype, generator=g)
+            v = torch.randn(B, groups, L, head_dim, device=device, dtype=dtype, generator=g)
+            valid = torch.ones(B, L, dtype=torch.bool, device=device)
+            valid[0, :30] = False
+            got = gqa_decode_attention(q, k, v, valid, head_dim ** -0.5, length=70)
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                q, k[:, :, :70], v[:, :, :70], attn_mask=valid[:, None, None, :70], scale=head_dim ** -0.5)
+            err = (got.float() - ref.float()).abs().max().item()
+            tol = 1e-4 if dtype == torch.float32 else 3e-2
+            _CHECKED[key] = None if err <= tol else f"self-check against SDPA: max |diff| {err:.3g} > {tol:g}"
+        except Exception as exc:  # noqa: BLE001 - any failure to build or run the kernel means: use SDPA
+            _CHECKED[key] = f"self-check failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    return _CHECKED[key]
 
 
 def decode_attention_op():

@@ -166,9 +166,14 @@ class FastDecoder:
         # run, else SDPA; VERL_BRIDGE_DECODE_ATTENTION=sdpa turns the kernel off
         from verl_bridge.rollout.decode_attention import triton_reason
 
-        self.attention_reason = triton_reason(self._output_weight().device, self.head_dim, self.rep)
+        w = self._output_weight()
+        self.attention_reason = triton_reason(w.device, self.head_dim, self.rep)
         if attention == "auto" and os.environ.get("VERL_BRIDGE_DECODE_ATTENTION", "").lower() == "sdpa":
             self.attention_reason = "VERL_BRIDGE_DECODE_ATTENTION=sdpa"
+        if self.attention_reason is None and attention != "sdpa":
+            from verl_bridge.rollout.decode_attention import self_check
+
+            self.attention_reason = self_check(w.device, w.dtype, self.num_groups, self.rep, self.head_dim)
         if attention == "triton" and self.attention_reason:
             raise ValueError(f"FastDecoder: the Triton decode attention cannot run here: {self.attention_reason}")
         self.attention = "sdpa" if attention == "sdpa" or self.attention_reason else "triton"
