@@ -188,10 +188,10 @@ def main(argv=None) -> int:
     # ours with the trainer's defaults, then with rollout.compile_decode (CUDA only), then TRL
     sides = ("ours", "ours_compiled", "trl") if dev.type == "cuda" else ("ours", "trl")
     if args.sides:
-        bad = [x for x in args.sides.split(",") if x not in ("ours", "ours_compiled", "trl")]
-        if bad or "ours" not in args.sides.split(","):
+        asked = args.sides.split(",")
+        if "ours" not in asked or not set(asked) <= {"ours", "ours_compiled", "trl"}:
             ap.error(f"--sides {args.sides!r}: a comma-separated subset of ours,ours_compiled,trl that includes ours")
-        sides = tuple(x for x in sides if x in args.sides.split(","))
+        sides = tuple(x for x in sides if x in asked)
     for side in sides:
         res, info = run_side(side)
         if res is None:

@@ -59,6 +59,13 @@ def roofline(shape: dict, B: int, P: int, R: int, dtype: torch.dtype, bytes_per_
             "decode_bytes_total": total, "tokens_per_s_limit": tokens / (total / bytes_per_s)}
 
 
+def engine_seconds(engine, plist, sp, dev, repeat: int) -> float:
+    """One generation of ``plist`` to warm ``engine`` up (graph capture, compilation), then the best of
+    ``repeat`` timed ones (other seeds)."""
+    engine.generate(plist, sp, seed=0)
+    return C.timed(lambda: engine.generate(plist, sp, seed=1), dev, repeat=repeat)
+
+
 def rl_size(mc, hf, shape, dev, dtype, B: int, P: int, R: int, compile: bool, sdpa_too: bool = False) -> dict:
     """Native tokens/s at an RL batch (``B`` rows, ``R`` new tokens) against the bandwidth roofline;
     ``sdpa_too``: also the same engine with SDPA as its decode attention instead of the Triton kernel."""
@@ -66,8 +73,7 @@ def rl_size(mc, hf, shape, dev, dtype, B: int, P: int, R: int, compile: bool, sd
 
     plist, sp = C.random_workload(shape["vocab_size"], B, P, R, seed=B)
     engine = NativeEngine(mc, dev, compile=compile)
-    engine.generate(plist, sp, seed=0)  # capture (and compile)
-    t = C.timed(lambda: engine.generate(plist, sp, seed=1), dev, repeat=2)
+    t = engine_seconds(engine, plist, sp, dev, repeat=2)  # after capture (and compilation)
     out = {"batch": B, "prompt_len": P, "new_tokens": R, "native_tokens_per_s": B * R / t,
            "compiled": compile,
            "engine_path": "fast" if engine.fast is not None else "module",
@@ -75,9 +81,7 @@ def rl_size(mc, hf, shape, dev, dtype, B: int, P: int, R: int, compile: bool, sd
     if sdpa_too and engine.fast is not None and engine.fast.decoder.attention != "sdpa":
         del engine
         other = NativeEngine(mc, dev, compile=compile, attention="sdpa")
-        other.generate(plist, sp, seed=0)
-        ts = C.timed(lambda: other.generate(plist, sp, seed=1), dev, repeat=2)
-        out["native_tokens_per_s_sdpa_attention"] = B * R / ts
+        out["native_tokens_per_s_sdpa_attention"] = B * R / engine_seconds(other, plist, sp, dev, repeat=2)
         engine = other
     if dev.type == "cuda":
         spec = C.spec_bandwidth(dev)  # the data sheet's HBM bandwidth (H200 4.8 TB/s, H100 SXM 3.35 TB/s)
@@ -266,8 +270,7 @@ def main(argv=None) -> int:
     results["check_logit_scale_max_abs"] = float(ref.abs().max())
 
     plist = prompts.tolist()
-    engine.generate(plist, sp, seed=0)  # warm-up: graph capture
-    t = C.timed(lambda: engine.generate(plist, sp, seed=1), dev, repeat=3)
+    t = engine_seconds(engine, plist, sp, dev, repeat=3)  # after graph capture
     out = engine.generate(plist, sp, seed=2)
     assert out.response_mask.sum().item() == B * R, "EOS is disabled: every row must produce R tokens"
     results["native_eager_graph_tokens_per_s"] = B * R / t
@@ -279,16 +282,14 @@ def main(argv=None) -> int:
         try:
             comp = FastEngine(mc, dev, compile=True)
             results["decode_attention"] = comp.decoder.attention
-            comp.generate(plist, sp, seed=0)  # compile + capture
-            tc = C.timed(lambda: comp.generate(plist, sp, seed=1), dev, repeat=3)
+            tc = engine_seconds(comp, plist, sp, dev, repeat=3)  # after compilation + capture
             results["native_compiled_graph_tokens_per_s"] = B * R / tc
             best_native = max(best_native, B * R / tc)
             del comp
             if results["decode_attention"] != "sdpa":  # the same, with SDPA as the decode attention
                 comp = FastEngine(mc, dev, compile=True, attention="sdpa")
-                comp.generate(plist, sp, seed=0)
-                ts = C.timed(lambda: comp.generate(plist, sp, seed=1), dev, repeat=3)
-                results["native_compiled_graph_sdpa_attention_tokens_per_s"] = B * R / ts
+                results["native_compiled_graph_sdpa_attention_tokens_per_s"] = B * R / engine_seconds(
+                    comp, plist, sp, dev, repeat=3)
                 del comp
         except Exception as e:  # noqa: BLE001 - record, don't hide
             results["native_compiled_error"] = f"{type(e).__name__}: {e}"[:300]
