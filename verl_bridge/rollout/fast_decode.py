@@ -164,15 +164,13 @@ class FastDecoder:
             self.rot_sign = torch.cat([-torch.ones(half, device=dev), torch.ones(half, device=dev)])
         # decode-step attention: the Triton GQA kernel (rollout/decode_attention.py) on CUDA where it can
         # run, else SDPA; VERL_BRIDGE_DECODE_ATTENTION=sdpa turns the kernel off
-        from verl_bridge.rollout.decode_attention import triton_reason
+        from verl_bridge.rollout.decode_attention import self_check, triton_reason
 
         w = self._output_weight()
         self.attention_reason = triton_reason(w.device, self.head_dim, self.rep)
         if attention == "auto" and os.environ.get("VERL_BRIDGE_DECODE_ATTENTION", "").lower() == "sdpa":
             self.attention_reason = "VERL_BRIDGE_DECODE_ATTENTION=sdpa"
         if self.attention_reason is None and attention != "sdpa":
-            from verl_bridge.rollout.decode_attention import self_check
-
             self.attention_reason = self_check(w.device, w.dtype, self.num_groups, self.rep, self.head_dim)
         if attention == "triton" and self.attention_reason:
             raise ValueError(f"FastDecoder: the Triton decode attention cannot run here: {self.attention_reason}")
